@@ -1,0 +1,150 @@
+"""The ClientApp: one device. It builds its own architecture from its device profile, loads its
+local data, restores its private state, runs the method's trainer, and replies with only the
+entries that the method's parameter filter shares.
+
+Node config (deployment: `flower-supernode --node-config "..."`; simulation sets the last two):
+  device         phone | gateway | gpu-host, or an architecture name (default: clients.devices
+                 cycled over partition-id)
+  data-path      directory with train.parquet/test.parquet (default: the experiment's data.path)
+  state-dir      where the private state is saved (default: <out_dir>/client_state)
+  partition-id   this node's partition when several nodes share one dataset
+  num-partitions number of such partitions (default: num_clients; 1 = use the whole dataset)
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+from hydra.utils import get_class
+
+from .client_state import StateStore
+from .data import load_client_data
+from .models import resolve_architecture
+
+app = ClientApp()
+STORE = StateStore()
+VERSION_KEY = "pfedes"
+NODE_KEYS = ("device", "data-path", "state-dir", "partition-id", "num-partitions")
+
+
+class NodeConfigError(ValueError):
+    """A node-config key with a value this client cannot use; the message names the key."""
+
+
+@dataclass(frozen=True)
+class Node:
+    device: str
+    arch: str
+    data_path: str
+    state_file: Path
+    partition_id: int
+    num_partitions: int
+
+
+@functools.lru_cache(maxsize=4)
+def parse_experiment(text: str) -> dict[str, Any]:
+    return json.loads(text)
+
+
+def resolve_node(cfg: dict[str, Any], node_config: dict[str, Any], node_id: int) -> Node:
+    unknown = sorted(set(node_config) - set(NODE_KEYS))
+    if unknown:
+        raise NodeConfigError(f"node-config key(s) {unknown} are unknown: expected some of {list(NODE_KEYS)}")
+    try:
+        partition_id = int(node_config.get("partition-id", 0))
+        num_partitions = int(node_config.get("num-partitions", cfg["num_clients"]))
+    except (TypeError, ValueError):
+        raise NodeConfigError("node-config 'partition-id' and 'num-partitions' must be integers") from None
+    if "partition-id" not in node_config and "device" in node_config:
+        num_partitions = int(node_config.get("num-partitions", 1))  # a device with its own data
+    devices = cfg["clients"]["devices"]
+    device = str(node_config.get("device", devices[partition_id % len(devices)]))
+    try:
+        arch = resolve_architecture(device, cfg["model"]["profiles"])
+    except ValueError as exc:
+        raise NodeConfigError(f"node-config 'device': {exc}") from None
+    data_path = str(node_config.get("data-path", cfg["data"]["path"]))
+    if "data-path" in node_config and data_path != "embedded" and not Path(data_path).is_dir():
+        raise NodeConfigError(f"node-config 'data-path' '{data_path}' is not a directory")
+    state_dir = Path(str(node_config.get("state-dir", cfg["client_state_dir"]))).expanduser()
+    if "partition-id" not in node_config and "state-dir" not in node_config:
+        partition_id_for_file = node_id
+    else:
+        partition_id_for_file = partition_id
+    return Node(device, arch, data_path, state_dir / f"{cfg['strategy']['name']}-p{partition_id_for_file}.pt",
+                partition_id, num_partitions)
+
+
+@functools.lru_cache(maxsize=1)
+def set_threads(threads: int) -> None:
+    torch.set_num_threads(max(1, threads))
+
+
+def threads_for(cfg: dict[str, Any]) -> int:
+    if cfg["train"]["torch_threads"]:
+        return int(cfg["train"]["torch_threads"])
+    per_client = int(cfg["simulation"]["num_cpus_per_client"])
+    return per_client if per_client > 0 else (os.cpu_count() or 1)
+
+
+def _setup(msg: Message, context: Context):
+    config = msg.content.config_records.get("config", ConfigRecord())
+    if "experiment" not in config:
+        raise ValueError("the message carries no 'experiment' config: is the ServerApp a pfedes one?")
+    cfg = parse_experiment(str(config["experiment"]))
+    set_threads(threads_for(cfg))
+    node = resolve_node(cfg, dict(context.node_config), context.node_id)
+    data_cfg = cfg["data"]
+    data = load_client_data(node.data_path, data_cfg["partition"], node.num_partitions,
+                            node.partition_id, int(cfg["seed"]), int(data_cfg["classes_per_client"]),
+                            float(data_cfg["alpha"]), int(data_cfg["samples_per_client"]),
+                            float(data_cfg["test_fraction"]))
+    trainer_cls = get_class(cfg["strategy"]["trainer"])
+    seed = int(cfg["seed"]) * 100_003 + node.partition_id
+    known = context.state.config_records.get(VERSION_KEY)
+    version = int(known["version"]) if known is not None else None
+    trainer, version = STORE.get(node.state_file, version,
+                                 lambda: trainer_cls(cfg, node.arch, data.num_classes, seed))
+    return cfg, node, data, trainer, version
+
+
+def _info(node: Node) -> ConfigRecord:
+    return ConfigRecord({"device": node.device, "arch": node.arch, "partition-id": node.partition_id})
+
+
+@app.train()
+def train(msg: Message, context: Context) -> Message:
+    cfg, node, data, trainer, version = _setup(msg, context)
+    arrays = msg.content.array_records.get("arrays", ArrayRecord())
+    trainer.load_shared(arrays.to_torch_state_dict())
+    server_round = int(msg.content["config"].get("server-round", 0))
+    generator = torch.Generator().manual_seed(int(cfg["seed"]) * 1_000_003 + node.partition_id * 1009
+                                              + server_round)
+    metrics = trainer.fit(data, generator)
+    version += 1
+    STORE.save(node.state_file, trainer, version)
+    context.state[VERSION_KEY] = ConfigRecord({"version": version})
+    metrics["num-examples"] = data.num_train
+    content = RecordDict({"arrays": ArrayRecord(trainer.shared_state()),
+                          "metrics": MetricRecord(metrics), "info": _info(node)})
+    return Message(content=content, reply_to=msg)
+
+
+@app.evaluate()
+def evaluate(msg: Message, context: Context) -> Message:
+    _, node, data, trainer, _ = _setup(msg, context)
+    arrays = msg.content.array_records.get("arrays", ArrayRecord())
+    if len(arrays):
+        trainer.load_shared(arrays.to_torch_state_dict())
+    metrics = trainer.evaluate(data)
+    metrics["num-examples"] = len(data.y_test)
+    content = RecordDict({"metrics": MetricRecord(metrics), "info": _info(node)})
+    return Message(content=content, reply_to=msg)

@@ -1,0 +1,68 @@
+"""Durable private client state: saved after every round with an atomic write, restored after
+a ClientApp or SuperNode restart, and cached per process so an unchanged copy is not re-read.
+
+A save bumps a version that the node also keeps in Flower's `context.state` (a few bytes); a
+cached trainer is reused only if its version equals that one, otherwise the file wins. That is
+what keeps simulation correct when a node's messages land on different Ray actors.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+CACHE_SIZE = 4  # trainers kept in memory per process; the rest live on disk only
+
+
+def atomic_torch_save(obj: Any, path: Path) -> None:
+    """Write to a temporary file in the same directory, fsync, then rename over `path`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            torch.save(obj, handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+class StateStore:
+    """Per-process LRU of live trainers in front of one file per client."""
+
+    def __init__(self, capacity: int = CACHE_SIZE) -> None:
+        self.capacity = capacity
+        self._cache: OrderedDict[str, tuple[int, Any]] = OrderedDict()
+
+    def get(self, path: Path, version: int | None, build):
+        """The trainer for `path`: cached if at `version`, else loaded from disk, else `build()`."""
+        key = str(path)
+        cached = self._cache.get(key)
+        if cached is not None and version is not None and cached[0] == version:
+            self._cache.move_to_end(key)
+            return cached[1], version
+        trainer = build()
+        saved_version = 0
+        if path.is_file():
+            saved = torch.load(path, map_location="cpu", weights_only=False)
+            trainer.load_state_dict(saved["trainer"])
+            saved_version = int(saved["version"])
+        self._remember(key, saved_version, trainer)
+        return trainer, saved_version
+
+    def save(self, path: Path, trainer, version: int) -> None:
+        atomic_torch_save({"version": version, "trainer": trainer.state_dict()}, path)
+        self._remember(str(path), version, trainer)
+
+    def _remember(self, key: str, version: int, trainer) -> None:
+        self._cache[key] = (version, trainer)
+        self._cache.move_to_end(key)
+        while len(self._cache) > self.capacity:
+            self._cache.popitem(last=False)

@@ -1,0 +1,122 @@
+"""The experiment configuration: hydra's conf/ is the one source; Flower's run config selects
+and overrides it with the same dotted keys (`strategy.lam=0.7`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+
+class ConfigError(ValueError):
+    """An override that the configuration does not accept; the message names it."""
+
+
+def conf_dir() -> Path:
+    """conf/ beside the package (source tree, editable install, FAB) or installed inside it."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here.parent / "conf", here / "conf"):
+        if (candidate / "config.yaml").is_file():
+            return candidate
+    raise FileNotFoundError(f"no conf/config.yaml next to or inside {here}")
+
+
+def compose(overrides: Sequence[str] = ()) -> DictConfig:
+    """Compose conf/config.yaml with hydra override strings (`key=value`, `strategy=local`)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.errors import HydraException
+
+    try:
+        with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
+            return hydra_compose(config_name="config", overrides=list(overrides))
+    except HydraException as exc:
+        raise ConfigError(f"bad configuration override: {str(exc).splitlines()[0]}") from None
+
+
+def to_dict(cfg: DictConfig) -> dict[str, Any]:
+    """A plain, resolved dict without hydra's own section."""
+    plain = OmegaConf.to_container(cfg, resolve=True)
+    plain.pop("hydra", None)
+    return plain
+
+
+def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            out.update(flatten(value, dotted + "."))
+        else:
+            out[dotted] = value
+    return out
+
+
+def to_run_config_value(value: Any) -> Any:
+    """Flower's run config holds scalars: lists travel as comma-separated strings."""
+    if isinstance(value, (list, tuple)):
+        return ",".join(str(v) for v in value)
+    return value
+
+
+def default_run_config() -> dict[str, Any]:
+    """Every overridable key of the default preset, as Flower's run config spells it.
+
+    pyproject.toml's [tool.flwr.app.config] must equal this (a test checks it), since
+    Flower accepts `-c` overrides only for keys it declares.
+    """
+    flat = flatten(to_dict(compose()))
+    flat = {k: to_run_config_value(v) for k, v in flat.items()}
+    flat["strategy"] = flat.pop("strategy.name")
+    for key in ("strategy.server", "strategy.trainer", "strategy.share"):
+        flat.pop(key)
+    return flat
+
+
+def _hydra_value(value: Any, default: Any) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, str) and isinstance(default, str) and "," in default:
+        return "[" + value + "]"  # a list key written as "a,b,c"
+    return str(value)
+
+
+def overrides_from_run_config(run_config: Mapping[str, Any]) -> list[str]:
+    """The hydra overrides that reproduce Flower's run config: only the keys whose value
+    differs from the default preset, so keys of another strategy's preset don't get in the way."""
+    defaults = default_run_config()
+    overrides = []
+    strategy = run_config.get("strategy", defaults["strategy"])
+    if strategy != defaults["strategy"]:
+        overrides.append(f"strategy={strategy}")
+    for key, value in run_config.items():
+        if key == "strategy" or (key in defaults and defaults[key] == value):
+            continue
+        overrides.append(f"{key}={_hydra_value(value, defaults.get(key))}")
+    return overrides
+
+
+def experiment_config(overrides: Sequence[str] = ()) -> dict[str, Any]:
+    """The resolved experiment as a plain dict, validated."""
+    cfg = to_dict(compose(overrides))
+    validate(cfg)
+    return cfg
+
+
+def validate(cfg: dict[str, Any]) -> None:
+    def need(cond: bool, msg: str) -> None:
+        if not cond:
+            raise ConfigError(msg)
+
+    need(int(cfg["num_clients"]) >= 1, f"num_clients must be >= 1, got {cfg['num_clients']}")
+    need(int(cfg["num_rounds"]) >= 1, f"num_rounds must be >= 1, got {cfg['num_rounds']}")
+    for key in ("fraction_train", "fraction_evaluate"):
+        need(0.0 < float(cfg[key]) <= 1.0, f"{key} must be in (0, 1], got {cfg[key]}")
+    need(0.0 < float(cfg["data"]["test_fraction"]) < 1.0,
+         f"data.test_fraction must be in (0, 1), got {cfg['data']['test_fraction']}")
+    need(float(cfg["train"]["lr"]) > 0, f"train.lr must be > 0, got {cfg['train']['lr']}")
+    need(int(cfg["train"]["batch_size"]) >= 2, "train.batch_size must be >= 2")
+    devices = cfg["clients"]["devices"]
+    need(isinstance(devices, list) and len(devices) > 0, "clients.devices must be a non-empty list")

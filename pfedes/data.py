@@ -1,0 +1,207 @@
+"""Local data for a client: CIFAR-10-style Parquet, partitioned with flwr-datasets, decoded once.
+
+A data directory holds `train.parquet` and `test.parquet` in the Hugging Face schema
+(`img` = {bytes, path} JPEG/PNG, `label` = int). "embedded" names the small real sample shipped
+inside this package. Decoded tensors are cached per process, so a ClientApp decodes its
+partition once, not every round.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+EMBEDDED = "embedded"
+EMBEDDED_DIR = Path(__file__).parent / "sample"
+CIFAR_MEAN = torch.tensor([0.4914, 0.4822, 0.4465]).view(1, 3, 1, 1)
+CIFAR_STD = torch.tensor([0.2470, 0.2435, 0.2616]).view(1, 3, 1, 1)
+
+
+class DataError(ValueError):
+    """A data path or data setting that cannot be used; the message names it."""
+
+
+@dataclass
+class ClientData:
+    x_train: torch.Tensor  # uint8, N x 3 x 32 x 32
+    y_train: torch.Tensor  # int64
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+    num_classes: int
+
+    @property
+    def num_train(self) -> int:
+        return len(self.y_train)
+
+
+def resolve_data_dir(path: str) -> Path:
+    """`embedded` or a directory with train.parquet and test.parquet; anything else is a DataError."""
+    directory = EMBEDDED_DIR if path == EMBEDDED else Path(path).expanduser()
+    if not directory.is_dir():
+        raise DataError(f"data path '{path}' is not a directory (expected train.parquet and test.parquet in it)")
+    for name in ("train.parquet", "test.parquet"):
+        if not (directory / name).is_file():
+            raise DataError(f"data path '{path}' has no {name} (expected train.parquet and test.parquet)")
+    return directory.resolve()
+
+
+@functools.lru_cache(maxsize=4)
+def load_split(path: str, split: str):
+    """The `split` ("train" or "test") table of a data directory as a datasets.Dataset (in memory)."""
+    import datasets
+    import pyarrow.parquet as pq
+
+    file = resolve_data_dir(path) / f"{split}.parquet"
+    try:
+        table = pq.read_table(file)
+    except Exception as exc:  # pyarrow raises several types for a bad file
+        raise DataError(f"cannot read '{file}' as Parquet: {exc}") from None
+    missing = {"img", "label"} - set(table.column_names)
+    if missing:
+        raise DataError(f"'{file}' lacks column(s) {sorted(missing)}: expected the Hugging Face "
+                        "CIFAR-10 schema (img, label)")
+    return datasets.Dataset(table)
+
+
+def num_classes_of(dataset) -> int:
+    feature = dataset.features["label"]
+    names = getattr(feature, "names", None)
+    return len(names) if names else int(max(dataset["label"])) + 1
+
+
+def make_partitioner(partition: str, num_partitions: int, seed: int, classes_per_client: int = 2,
+                     alpha: float = 0.3):
+    from flwr_datasets.partitioner import DirichletPartitioner, IidPartitioner, PathologicalPartitioner
+
+    if partition == "iid":
+        return IidPartitioner(num_partitions=num_partitions)
+    if partition == "pathological":
+        return PathologicalPartitioner(
+            num_partitions=num_partitions, partition_by="label",
+            num_classes_per_partition=classes_per_client,
+            class_assignment_mode="first-deterministic", seed=seed)
+    if partition == "dirichlet":
+        return DirichletPartitioner(
+            num_partitions=num_partitions, partition_by="label", alpha=alpha,
+            min_partition_size=10, self_balancing=False, seed=seed)
+    raise DataError(f"data.partition '{partition}' is unknown: expected iid, pathological or dirichlet")
+
+
+@functools.lru_cache(maxsize=4)
+def _partitioner(path: str, partition: str, num_partitions: int, seed: int, classes_per_client: int,
+                 alpha: float):
+    partitioner = make_partitioner(partition, num_partitions, seed, classes_per_client, alpha)
+    partitioner.dataset = load_split(path, "train").select_columns(["label"])
+    return partitioner
+
+
+def partition_indices(path: str, partition: str, num_partitions: int, partition_id: int, seed: int,
+                      classes_per_client: int = 2, alpha: float = 0.3) -> np.ndarray:
+    """Row indices of the train table that form partition `partition_id` (labels only are read)."""
+    if not 0 <= partition_id < num_partitions:
+        raise DataError(f"partition-id {partition_id} is outside 0..{num_partitions - 1}")
+    partitioner = _partitioner(path, partition, num_partitions, seed, classes_per_client, float(alpha))
+    part = partitioner.load_partition(partition_id)
+    # A partition is the train table `select`ed by indices: recover them without decoding images.
+    return np.asarray(part._indices.column(0).to_numpy() if part._indices is not None
+                      else np.arange(len(part)))
+
+
+def stratified_split(labels: np.ndarray, test_fraction: float, rng: np.random.Generator):
+    """Per class, `test_fraction` of the rows (rounded, at least one when a class has two or more)
+    go to the test split, so both splits keep the partition's label mix."""
+    train, test = [], []
+    for c in np.unique(labels):
+        rows = rng.permutation(np.flatnonzero(labels == c))
+        n_test = int(round(len(rows) * test_fraction))
+        if len(rows) >= 2:
+            n_test = min(max(n_test, 1), len(rows) - 1)
+        test.append(rows[:n_test])
+        train.append(rows[n_test:])
+    return np.sort(np.concatenate(train)), np.sort(np.concatenate(test))
+
+
+def decode_images(dataset, rows: np.ndarray) -> torch.Tensor:
+    """Decode the `img` bytes of `rows` into a uint8 N x 3 x 32 x 32 tensor."""
+    from PIL import Image
+
+    column = dataset.data.column("img").take(rows).to_pylist() if len(rows) else []
+    images = [np.asarray(Image.open(io.BytesIO(cell["bytes"])).convert("RGB")) for cell in column]
+    if not images:
+        return torch.zeros(0, 3, 32, 32, dtype=torch.uint8)
+    return torch.from_numpy(np.stack(images)).permute(0, 3, 1, 2).contiguous()
+
+
+@functools.lru_cache(maxsize=8)
+def load_client_data(path: str, partition: str, num_partitions: int, partition_id: int, seed: int,
+                     classes_per_client: int = 2, alpha: float = 0.3, samples_per_client: int = 0,
+                     test_fraction: float = 0.2) -> ClientData:
+    """One client's local train/test data, decoded (cached per process)."""
+    train_table = load_split(path, "train")
+    if num_partitions == 1:
+        rows = np.arange(len(train_table))
+    else:
+        rows = partition_indices(path, partition, num_partitions, partition_id, seed,
+                                 classes_per_client, alpha)
+    rng = np.random.default_rng([seed, partition_id])
+    if samples_per_client and len(rows) > samples_per_client:
+        rows = np.sort(rng.choice(rows, samples_per_client, replace=False))
+    labels = np.asarray(train_table.data.column("label").take(rows).to_numpy(), dtype=np.int64)
+    tr, te = stratified_split(labels, test_fraction, rng)
+    return ClientData(
+        x_train=decode_images(train_table, rows[tr]), y_train=torch.from_numpy(labels[tr]),
+        x_test=decode_images(train_table, rows[te]), y_test=torch.from_numpy(labels[te]),
+        num_classes=num_classes_of(train_table),
+    )
+
+
+@functools.lru_cache(maxsize=2)
+def load_unified_test(path: str, max_rows: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """The shared test table (test.parquet), for global accuracy of methods with a global model."""
+    table = load_split(path, "test")
+    rows = np.arange(len(table) if not max_rows else min(max_rows, len(table)))
+    labels = np.asarray(table.data.column("label").take(rows).to_numpy(), dtype=np.int64)
+    return decode_images(table, rows), torch.from_numpy(labels)
+
+
+def to_input(x_uint8: torch.Tensor) -> torch.Tensor:
+    """uint8 images -> standardised float input."""
+    return (x_uint8.float().div_(255.0) - CIFAR_MEAN) / CIFAR_STD
+
+
+def augment(x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """Random crop with 4-pixel zero padding and random horizontal flip, batched on tensors."""
+    n, _, h, w = x.shape
+    padded = torch.nn.functional.pad(x, (4, 4, 4, 4))
+    dx = torch.randint(0, 9, (n,), generator=generator)
+    dy = torch.randint(0, 9, (n,), generator=generator)
+    rows = (dy.view(n, 1) + torch.arange(h).view(1, h))  # n x h
+    cols = (dx.view(n, 1) + torch.arange(w).view(1, w))  # n x w
+    out = padded[torch.arange(n).view(n, 1, 1, 1), torch.arange(x.shape[1]).view(1, -1, 1, 1),
+                 rows.view(n, 1, h, 1), cols.view(n, 1, 1, w)]
+    flip = torch.rand(n, generator=generator) < 0.5
+    out[flip] = out[flip].flip(3)
+    return out
+
+
+def batches(data_x: torch.Tensor, data_y: torch.Tensor, batch_size: int, generator: torch.Generator,
+            train: bool, do_augment: bool):
+    """Yield (input, label) batches; shuffled and augmented when `train`."""
+    n = len(data_y)
+    order = torch.randperm(n, generator=generator) if train else torch.arange(n)
+    for start in range(0, n, batch_size):
+        idx = order[start:start + batch_size]
+        if train and len(idx) < 2 and n >= 2:
+            continue  # a 1-sample batch breaks BatchNorm
+        x = to_input(data_x[idx])
+        if train and do_augment:
+            x = augment(x, generator)
+        yield x, data_y[idx]

@@ -1,0 +1,57 @@
+"""`pfedes-sim`: a hydra app over conf/ that runs the ServerApp and ClientApp through Flower's
+simulation engine in this process, e.g.
+
+    pfedes-sim strategy=pfedes num_clients=10 num_rounds=30 data.path=../shared/data/cifar10
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+import hydra
+from omegaconf import DictConfig
+
+from .config import ConfigError, conf_dir, to_dict, validate
+
+
+def simulate(cfg: dict[str, Any]) -> dict[str, Any]:
+    """Run one experiment in Flower's simulation engine; returns the run's summary."""
+    from flwr.serverapp import ServerApp
+    from flwr.simulation import run_simulation
+
+    from .client_app import app as client_app
+    from .server_app import prepare, run_experiment
+
+    validate(cfg)
+    cfg = prepare(cfg)
+    result: dict[str, Any] = {}
+    server_app = ServerApp()
+
+    @server_app.main()
+    def _main(grid, context):  # noqa: ANN001
+        result.update(run_experiment(grid, cfg))
+
+    sim = cfg["simulation"]
+    cpus = int(sim["num_cpus_per_client"]) or (os.cpu_count() or 1)
+    run_simulation(
+        server_app=server_app, client_app=client_app, num_supernodes=int(cfg["num_clients"]),
+        backend_config={"client_resources": {"num_cpus": cpus, "num_gpus": float(sim["num_gpus_per_client"])},
+                        "init_args": {"num_cpus": os.cpu_count() or 1}},
+    )
+    if not result:
+        raise RuntimeError("the simulation ended without a result: see the log above")
+    return result
+
+
+@hydra.main(config_path=str(conf_dir()), config_name="config", version_base=None)
+def _hydra_main(cfg: DictConfig) -> None:
+    simulate(to_dict(cfg))
+
+
+def main() -> None:
+    try:
+        _hydra_main()
+    except ConfigError as exc:
+        sys.exit(f"pfedes-sim: {exc}")

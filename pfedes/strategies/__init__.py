@@ -1,0 +1,5 @@
+"""Server strategies (extending flwr.serverapp.strategy.FedAvg): what is aggregated and how."""
+
+from .base import PersonalizedStrategy, apply_momentum, reply_problem, weighted_average
+
+__all__ = ["PersonalizedStrategy", "apply_momentum", "reply_problem", "weighted_average"]

@@ -1,0 +1,199 @@
+"""What every pfedes server strategy shares with FedAvg, plus what FedAvg lacks:
+
+- replies are validated one by one (missing or extra keys, shape, dtype, NaN/Inf, weight);
+  a bad reply is dropped with a warning naming the node and the reason, and the round goes on;
+- the weighted average of the shared entries is followed by server momentum
+  (new = beta * old + (1 - beta) * average; beta = 0 is plain FedAvg);
+- per-round statistics (per-client accuracy by device, bytes sent and received) for the run log.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable
+from logging import INFO, WARNING
+from typing import Any
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import FedAvg
+
+WEIGHT_KEY = "num-examples"
+
+
+def arrays_nbytes(record: ArrayRecord | None) -> int:
+    """Bytes of array payload in an ArrayRecord (what travels, serialised)."""
+    return 0 if record is None else sum(len(a.data) for a in record.values())
+
+
+def reply_problem(msg: Message, expected: dict[str, np.ndarray]) -> str | None:
+    """Why a train reply cannot be aggregated, or None if it can."""
+    if msg.has_error():
+        return f"client error: {msg.error.reason}"
+    content = msg.content
+    if len(content.array_records) != 1 or len(content.metric_records) != 1:
+        return (f"expected one ArrayRecord and one MetricRecord, got {len(content.array_records)} "
+                f"and {len(content.metric_records)}")
+    metrics = next(iter(content.metric_records.values()))
+    weight = metrics.get(WEIGHT_KEY)
+    if not isinstance(weight, (int, float)) or not math.isfinite(weight) or weight <= 0:
+        return f"'{WEIGHT_KEY}' is {weight!r}, not a positive number"
+    arrays = next(iter(content.array_records.values()))
+    keys = set(arrays.keys())
+    if keys != set(expected):
+        missing, extra = sorted(set(expected) - keys), sorted(keys - set(expected))
+        return f"keys differ from the shared model (missing {missing[:3]}, extra {extra[:3]})"
+    for key, ref in expected.items():
+        arr = arrays[key]
+        if tuple(arr.shape) != ref.shape:
+            return f"'{key}' has shape {tuple(arr.shape)}, expected {ref.shape}"
+        if arr.dtype != str(ref.dtype):
+            return f"'{key}' has dtype {arr.dtype}, expected {ref.dtype}"
+    for key in expected:
+        value = arrays[key].numpy()
+        if value.dtype.kind == "f" and not np.isfinite(value).all():
+            return f"'{key}' holds NaN or Inf"
+    return None
+
+
+def weighted_average(arrays: list[dict[str, np.ndarray]], weights: list[float]) -> dict[str, np.ndarray]:
+    """Sample-weighted mean per key, computed in float64 and cast back to each key's dtype."""
+    w = np.asarray(weights, dtype=np.float64)
+    w = w / w.sum()
+    out = {}
+    for key, first in arrays[0].items():
+        stacked = np.stack([a[key] for a in arrays]).astype(np.float64, copy=False)
+        mean = np.tensordot(w, stacked, axes=1)
+        out[key] = (np.rint(mean) if first.dtype.kind in "iub" else mean).astype(first.dtype)
+    return out
+
+
+def apply_momentum(old: dict[str, np.ndarray], new: dict[str, np.ndarray], beta: float) -> dict[str, np.ndarray]:
+    """beta * old + (1 - beta) * new for floating entries; integer entries (counters) take new."""
+    if beta == 0.0:
+        return new
+    return {k: ((beta * old[k].astype(np.float64) + (1.0 - beta) * v.astype(np.float64)).astype(v.dtype)
+                if v.dtype.kind == "f" else v) for k, v in new.items()}
+
+
+def weighted_metrics(records: list[dict[str, float]], weights: list[float]) -> dict[str, float]:
+    keys = set.intersection(*(set(r) for r in records)) - {WEIGHT_KEY}
+    total = float(sum(weights))
+    return {k: sum(r[k] * w for r, w in zip(records, weights)) / total for k in sorted(keys)}
+
+
+class PersonalizedStrategy(FedAvg):
+    """FedAvg's sampling and messages; validated aggregation with server momentum; round stats.
+
+    Subclasses say what differs: `server_momentum`, whether evaluation needs the shared arrays
+    (`send_arrays_to_evaluate`), and, where a method needs it, `aggregate_arrays`.
+    """
+
+    send_arrays_to_evaluate = False
+
+    def __init__(self, cfg: dict[str, Any]) -> None:
+        num_clients = int(cfg["num_clients"])
+        super().__init__(
+            fraction_train=float(cfg["fraction_train"]),
+            fraction_evaluate=float(cfg["fraction_evaluate"]),
+            min_train_nodes=1, min_evaluate_nodes=1,
+            min_available_nodes=int(cfg.get("min_available_clients") or num_clients),
+        )
+        self.cfg = cfg
+        self.server_momentum = float(cfg["strategy"].get("server_momentum", 0.0))
+        if not 0.0 <= self.server_momentum < 1.0:
+            raise ValueError(f"strategy.server_momentum {self.server_momentum} is outside [0, 1)")
+        self.current: dict[str, np.ndarray] = {}
+        self.round_stats: dict[str, Any] = {}
+        self.reset_round_stats()
+
+    # -- bookkeeping -----------------------------------------------------------------------
+    def reset_round_stats(self) -> None:
+        self.round_stats = {"bytes_up": 0, "bytes_down": 0, "clients_trained": 0,
+                            "clients_dropped": 0, "train": {}, "eval": []}
+
+    def pop_round_stats(self) -> dict[str, Any]:
+        stats = self.round_stats
+        self.reset_round_stats()
+        return stats
+
+    # -- training ---------------------------------------------------------------------------
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                        grid: Grid) -> Iterable[Message]:
+        self.current = {k: v.numpy() for k, v in arrays.items()}
+        messages = list(super().configure_train(server_round, arrays, config, grid))
+        self.round_stats["bytes_down"] += arrays_nbytes(arrays) * len(messages)
+        return messages
+
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]
+                        ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        good: list[Message] = []
+        for msg in replies:
+            if not msg.has_error():
+                for record in msg.content.array_records.values():
+                    self.round_stats["bytes_up"] += arrays_nbytes(record)
+            problem = reply_problem(msg, self.current)
+            if problem:
+                self.round_stats["clients_dropped"] += 1
+                log(WARNING, "round %d: dropped the reply of node %d: %s", server_round,
+                    msg.metadata.src_node_id, problem)
+                continue
+            good.append(msg)
+        self.round_stats["clients_trained"] = len(good)
+        if not good:
+            log(WARNING, "round %d: no usable train reply; the shared model is unchanged", server_round)
+            return None, None
+        weights = [float(next(iter(m.content.metric_records.values()))[WEIGHT_KEY]) for m in good]
+        metrics = [dict(next(iter(m.content.metric_records.values()))) for m in good]
+        self.round_stats["train"] = weighted_metrics(metrics, weights)
+        arrays = [{k: a.numpy() for k, a in next(iter(m.content.array_records.values())).items()}
+                  for m in good]
+        new = self.aggregate_arrays(server_round, good, arrays, weights)
+        return (ArrayRecord({k: Array(v) for k, v in new.items()}),
+                MetricRecord(self.round_stats["train"]))
+
+    def aggregate_arrays(self, server_round: int, replies: list[Message],
+                         arrays: list[dict[str, np.ndarray]], weights: list[float]) -> dict[str, np.ndarray]:
+        """Weighted average of the validated replies, then server momentum."""
+        if not self.current:
+            return {}
+        return apply_momentum(self.current, weighted_average(arrays, weights), self.server_momentum)
+
+    # -- evaluation -------------------------------------------------------------------------
+    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                           grid: Grid) -> Iterable[Message]:
+        sent = arrays if self.send_arrays_to_evaluate else ArrayRecord()
+        messages = list(super().configure_evaluate(server_round, sent, config, grid))
+        self.round_stats["bytes_down"] += arrays_nbytes(sent) * len(messages)
+        return messages
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
+        results = []
+        for msg in replies:
+            if msg.has_error():
+                log(WARNING, "round %d: evaluation failed on node %d: %s", server_round,
+                    msg.metadata.src_node_id, msg.error.reason)
+                continue
+            metrics = msg.content.metric_records.get("metrics")
+            info = msg.content.config_records.get("info", ConfigRecord())
+            if metrics is None or "accuracy" not in metrics:
+                log(WARNING, "round %d: node %d sent no accuracy", server_round, msg.metadata.src_node_id)
+                continue
+            results.append({"node": msg.metadata.src_node_id,
+                            "partition": int(info.get("partition-id", -1)),
+                            "device": str(info.get("device", "?")),
+                            "accuracy": float(metrics["accuracy"]),
+                            "loss": float(metrics.get("loss", float("nan"))),
+                            "num-examples": int(metrics.get(WEIGHT_KEY, 0))})
+        self.round_stats["eval"] = results
+        if not results:
+            return None
+        accs = [r["accuracy"] for r in results]
+        return MetricRecord({"acc_mean": float(np.mean(accs)), "acc_worst": float(np.min(accs))})
+
+
+def experiment_json(cfg: dict[str, Any]) -> str:
+    return json.dumps(cfg, sort_keys=True)

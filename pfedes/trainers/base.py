@@ -1,0 +1,141 @@
+"""What every client trainer shares: the private model, its optimizer, persistence, and the
+exchange of the entries that the method's parameter filter lets leave the client."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from ..data import ClientData, batches
+from ..filters import shared_keys
+from ..models import build_client_model
+
+
+class SharedStateError(ValueError):
+    """The arrays the server sent do not fit this client's shared entries."""
+
+
+class Trainer:
+    """One client's private state (model, optimizer, step count) and how it learns.
+
+    `exchange` is the module whose state_dict the parameter filter (`strategy.share`) reads:
+    its filtered entries are what the client receives and sends, everything else stays here.
+    Subclasses override `train_step` (and, where the method needs it, `exchange` or `evaluate`).
+    """
+
+    def __init__(self, cfg: dict[str, Any], arch: str, num_classes: int, seed: int) -> None:
+        self.cfg = cfg
+        self.arch = arch
+        torch.manual_seed(seed)
+        model_cfg = cfg["model"]
+        self.model = build_client_model(arch, num_classes, model_cfg["proxy_dim"],
+                                        model_cfg["feature_dim"])
+        self.exchange = nn.ModuleDict(dict(self.model.named_children()))
+        self.build_extra_modules()
+        self.share_spec = list(cfg["strategy"].get("share", []))
+        self._shared_keys = shared_keys(self.exchange, self.share_spec)
+        train = cfg["train"]
+        self.optimizer = torch.optim.SGD(self.trainable_parameters(), lr=train["lr"],
+                                         momentum=train["momentum"],
+                                         weight_decay=train["weight_decay"])
+        self.steps = 0
+
+    # -- hooks for subclasses -------------------------------------------------------------
+    def build_extra_modules(self) -> None:
+        """Add method-specific modules to `self.exchange` (e.g. the proxy extractor)."""
+
+    def trainable_parameters(self):
+        return self.model.parameters()
+
+    def begin_round(self) -> None:
+        """Called after the shared entries are loaded and before the first local step."""
+
+    def train_step(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
+        """One local step on one batch; returns per-batch metrics (averaged over the round)."""
+        logits = self.model(x)
+        loss = F.cross_entropy(logits, y)
+        self.optimizer.zero_grad()
+        loss.backward()
+        self.optimizer.step()
+        return {"train_loss": loss.item()}
+
+    def predict(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits of the personal model (F_k + H_k)."""
+        return self.model(x)
+
+    # -- shared entries ------------------------------------------------------------------
+    @property
+    def shared_keys(self) -> list[str]:
+        return self._shared_keys
+
+    def shared_state(self) -> dict[str, torch.Tensor]:
+        state = self.exchange.state_dict()
+        return {k: state[k].detach().clone() for k in self._shared_keys}
+
+    def load_shared(self, arrays: dict[str, torch.Tensor]) -> None:
+        """Load the server's shared entries; a mismatch raises SharedStateError naming it."""
+        expected = set(self._shared_keys)
+        got = set(arrays)
+        if got != expected:
+            missing, extra = sorted(expected - got)[:3], sorted(got - expected)[:3]
+            raise SharedStateError(f"server arrays do not match this client's shared entries "
+                                   f"(missing {missing}, unexpected {extra})")
+        own = self.exchange.state_dict()
+        for k, v in arrays.items():
+            if tuple(v.shape) != tuple(own[k].shape):
+                raise SharedStateError(f"server array '{k}' has shape {tuple(v.shape)}, "
+                                       f"this client's has {tuple(own[k].shape)}")
+        self.exchange.load_state_dict(arrays, strict=False)
+
+    # -- one round -------------------------------------------------------------------------
+    def fit(self, data: ClientData, generator: torch.Generator) -> dict[str, float]:
+        self.model.train()
+        self.begin_round()
+        train = self.cfg["train"]
+        sums: dict[str, float] = {}
+        counts: dict[str, int] = {}
+        for _ in range(train["local_epochs"]):
+            for x, y in batches(data.x_train, data.y_train, train["batch_size"], generator,
+                                train=True, do_augment=train["augment"]):
+                for key, value in self.train_step(x, y).items():
+                    sums[key] = sums.get(key, 0.0) + value
+                    counts[key] = counts.get(key, 0) + 1
+                self.steps += 1
+        metrics = {k: v / counts[k] for k, v in sums.items()}
+        if not all(math.isfinite(v) for v in metrics.values()):
+            raise FloatingPointError(f"local training diverged: {metrics}")
+        return metrics
+
+    @torch.no_grad()
+    def evaluate(self, data: ClientData) -> dict[str, float]:
+        self.exchange.eval()
+        correct, loss_sum = 0, 0.0
+        for x, y in batches(data.x_test, data.y_test, 256, None, train=False, do_augment=False):
+            logits = self.predict(x)
+            loss_sum += F.cross_entropy(logits, y, reduction="sum").item()
+            correct += (logits.argmax(1) == y).sum().item()
+        n = max(len(data.y_test), 1)
+        return {"accuracy": correct / n, "loss": loss_sum / n}
+
+    # -- persistence -----------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {"arch": self.arch, "exchange": self.exchange.state_dict(),
+                "optimizer": self.optimizer.state_dict(), "steps": self.steps}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("arch") != self.arch:
+            raise ValueError(f"saved client state is for architecture {state.get('arch')!r}, "
+                             f"not {self.arch!r}")
+        self.exchange.load_state_dict(state["exchange"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.steps = int(state["steps"])
+
+    # -- server side -----------------------------------------------------------------------
+    @classmethod
+    def initial_shared(cls, cfg: dict[str, Any], arch: str, num_classes: int) -> dict[str, torch.Tensor]:
+        """The initial shared entries the server starts from (seeded by `cfg['seed']`)."""
+        return cls(cfg, arch, num_classes, seed=int(cfg["seed"])).shared_state()
