@@ -99,7 +99,8 @@ def make_partitioner(partition: str, num_partitions: int, seed: int, classes_per
 def _partitioner(path: str, partition: str, num_partitions: int, seed: int, classes_per_client: int,
                  alpha: float):
     partitioner = make_partitioner(partition, num_partitions, seed, classes_per_client, alpha)
-    partitioner.dataset = load_split(path, "train").select_columns(["label"])
+    labels = load_split(path, "train").select_columns(["label"])
+    partitioner.dataset = labels.add_column("row", np.arange(len(labels)))
     return partitioner
 
 
@@ -109,10 +110,7 @@ def partition_indices(path: str, partition: str, num_partitions: int, partition_
     if not 0 <= partition_id < num_partitions:
         raise DataError(f"partition-id {partition_id} is outside 0..{num_partitions - 1}")
     partitioner = _partitioner(path, partition, num_partitions, seed, classes_per_client, float(alpha))
-    part = partitioner.load_partition(partition_id)
-    # A partition is the train table `select`ed by indices: recover them without decoding images.
-    return np.asarray(part._indices.column(0).to_numpy() if part._indices is not None
-                      else np.arange(len(part)))
+    return np.asarray(partitioner.load_partition(partition_id)["row"], dtype=np.int64)
 
 
 def stratified_split(labels: np.ndarray, test_fraction: float, rng: np.random.Generator):

@@ -6,12 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from flwr.app import ArrayRecord, ConfigRecord, Context
+from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 from hydra.utils import get_class
 
 from .config import experiment_config, overrides_from_run_config
-from .data import load_split, num_classes_of
+from .data import load_split, load_unified_test, num_classes_of
 from .models import resolve_architecture
 from .recording import RunRecorder
 from .strategies.base import experiment_json
@@ -44,11 +44,20 @@ def run_experiment(grid: Grid, cfg: dict[str, Any]) -> dict[str, Any]:
     strategy = strategy_cls(cfg)
     recorder = RunRecorder(Path(cfg["out_dir"]), cfg)
 
+    global_model = trainer_cls(cfg, arch, num_classes, seed=int(cfg["seed"])) \
+        if trainer_cls.has_global_model else None
+
     def after_round(server_round: int, arrays: ArrayRecord):
+        """Flower's server-side evaluation hook: global accuracy (if any), then the run log."""
         if server_round == 0:
             return None
-        recorder.record(server_round, strategy.pop_round_stats())
-        return None
+        extra = None
+        if global_model is not None and len(arrays):
+            x, y = load_unified_test(cfg["data"]["path"], int(cfg["data"]["unified_test_samples"]))
+            global_model.load_shared(arrays.to_torch_state_dict())
+            extra = {"global_acc": global_model.accuracy(x, y, global_model.global_predict)["accuracy"]}
+        recorder.record(server_round, strategy.pop_round_stats(), extra)
+        return MetricRecord(extra) if extra else None
 
     exp = ConfigRecord({"experiment": experiment_json(cfg)})
     strategy.start(grid=grid, initial_arrays=ArrayRecord(initial), num_rounds=int(cfg["num_rounds"]),

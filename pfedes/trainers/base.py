@@ -25,7 +25,11 @@ class Trainer:
     `exchange` is the module whose state_dict the parameter filter (`strategy.share`) reads:
     its filtered entries are what the client receives and sends, everything else stays here.
     Subclasses override `train_step` (and, where the method needs it, `exchange` or `evaluate`).
+    A method whose shared entries form a whole model sets `has_global_model`; the server then
+    reports that model's accuracy on the unified test set (`global_predict`).
     """
+
+    has_global_model = False
 
     def __init__(self, cfg: dict[str, Any], arch: str, num_classes: int, seed: int) -> None:
         self.cfg = cfg
@@ -110,15 +114,23 @@ class Trainer:
             raise FloatingPointError(f"local training diverged: {metrics}")
         return metrics
 
-    @torch.no_grad()
     def evaluate(self, data: ClientData) -> dict[str, float]:
+        """Personalized accuracy: the personal model on the client's own held-out split."""
+        return self.accuracy(data.x_test, data.y_test, self.predict)
+
+    def global_predict(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits of the global model after `load_shared` (methods with `has_global_model`)."""
+        return self.predict(x)
+
+    @torch.no_grad()
+    def accuracy(self, x_uint8: torch.Tensor, labels: torch.Tensor, predict) -> dict[str, float]:
         self.exchange.eval()
         correct, loss_sum = 0, 0.0
-        for x, y in batches(data.x_test, data.y_test, 256, None, train=False, do_augment=False):
-            logits = self.predict(x)
+        for x, y in batches(x_uint8, labels, 256, None, train=False, do_augment=False):
+            logits = predict(x)
             loss_sum += F.cross_entropy(logits, y, reduction="sum").item()
             correct += (logits.argmax(1) == y).sum().item()
-        n = max(len(data.y_test), 1)
+        n = max(len(labels), 1)
         return {"accuracy": correct / n, "loss": loss_sum / n}
 
     # -- persistence -----------------------------------------------------------------------

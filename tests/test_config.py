@@ -1,0 +1,42 @@
+"""conf/ is the one source of configuration; Flower's run config mirrors its keys."""
+
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from pfedes.config import ConfigError, default_run_config, experiment_config, overrides_from_run_config
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def pyproject_run_config():
+    from flwr.common.config import flatten_dict
+
+    data = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    return flatten_dict(data["tool"]["flwr"]["app"]["config"])
+
+
+def test_pyproject_run_config_equals_the_default_preset():
+    assert pyproject_run_config() == default_run_config()
+
+
+def test_flower_run_config_overrides_mean_the_same_as_hydra_overrides():
+    run_config = dict(pyproject_run_config(), **{"num_rounds": 3, "strategy.lam": 0.7,
+                                                 "clients.devices": "phone,gpu-host"})
+    via_flower = experiment_config(overrides_from_run_config(run_config))
+    via_hydra = experiment_config(["num_rounds=3", "strategy.lam=0.7", "clients.devices=[phone,gpu-host]"])
+    assert via_flower == via_hydra
+    assert via_flower["strategy"]["lam"] == 0.7 and via_flower["clients"]["devices"] == ["phone", "gpu-host"]
+
+
+def test_selecting_another_strategy_by_run_config():
+    cfg = experiment_config(overrides_from_run_config(dict(pyproject_run_config(), strategy="local")))
+    assert cfg["strategy"]["name"] == "local" and cfg["strategy"]["share"] == []
+
+
+def test_bad_overrides_give_a_one_line_error_naming_the_key():
+    with pytest.raises(ConfigError, match="strategy.lam"):
+        experiment_config(["strategy=local", "strategy.lam=0.3"])
+    with pytest.raises(ConfigError, match="num_rounds"):
+        experiment_config(["num_rounds=0"])

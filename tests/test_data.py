@@ -1,0 +1,39 @@
+import numpy as np
+import pytest
+
+from pfedes.data import DataError, load_client_data, partition_indices, resolve_data_dir
+
+
+def test_pathological_partitions_are_disjoint_and_have_k_classes():
+    parts = [partition_indices("embedded", "pathological", 5, i, seed=0, classes_per_client=2)
+             for i in range(5)]
+    flat = np.concatenate(parts)
+    assert len(flat) == len(set(flat.tolist()))
+    for i in range(5):
+        d = load_client_data("embedded", "pathological", 5, i, 0, 2, 0.3, 0, 0.2)
+        assert len(set(d.y_train.tolist()) | set(d.y_test.tolist())) == 2
+
+
+@pytest.mark.parametrize("partition", ["dirichlet", "iid"])
+def test_other_partitioners_are_disjoint(partition):
+    parts = [partition_indices("embedded", partition, 4, i, seed=1, alpha=0.3) for i in range(4)]
+    flat = np.concatenate(parts)
+    assert len(flat) == len(set(flat.tolist()))
+
+
+def test_local_split_keeps_label_mix_and_cap():
+    d = load_client_data("embedded", "dirichlet", 3, 1, 0, 2, 0.5, 200, 0.2)
+    assert d.num_train + len(d.y_test) == 200
+    train_mix = np.bincount(d.y_train.numpy(), minlength=10) / d.num_train
+    test_mix = np.bincount(d.y_test.numpy(), minlength=10) / len(d.y_test)
+    assert np.abs(train_mix - test_mix).max() < 0.1
+    assert d.x_train.dtype.is_floating_point is False and d.x_train.shape[1:] == (3, 32, 32)
+
+
+def test_missing_or_malformed_path_names_it(tmp_path):
+    with pytest.raises(DataError, match="nowhere"):
+        resolve_data_dir(str(tmp_path / "nowhere"))
+    (tmp_path / "train.parquet").write_text("not parquet")
+    (tmp_path / "test.parquet").write_text("not parquet")
+    with pytest.raises(DataError, match="train.parquet"):
+        load_client_data(str(tmp_path), "iid", 2, 0, 0)

@@ -1,0 +1,84 @@
+"""The server side of pFedES: weighted proxy average, server momentum, reply validation."""
+
+import numpy as np
+import pytest
+from flwr.app import Array, ArrayRecord
+
+from conftest import make_cfg, train_reply
+from pfedes.strategies.pfedes import PFedES
+
+OLD = {"w": np.array([[0.0, 4.0]], dtype=np.float32), "b": np.array([1.0], dtype=np.float32)}
+
+
+def strategy(beta=0.5):
+    s = PFedES(make_cfg(f"strategy.server_momentum={beta}", "num_clients=3"))
+    s.current = {k: v.copy() for k, v in OLD.items()}
+    return s
+
+
+def agg(s, replies):
+    arrays, metrics = s.aggregate_train(1, replies)
+    return {k: v.numpy() for k, v in arrays.items()}, metrics
+
+
+def test_weighted_average_then_momentum_on_hand_computed_numbers():
+    replies = [
+        train_reply(11, {"w": np.array([[2.0, 0.0]], np.float32), "b": np.array([3.0], np.float32)}, 1,
+                    train_loss=1.0, align_loss=0.5),
+        train_reply(12, {"w": np.array([[6.0, 8.0]], np.float32), "b": np.array([7.0], np.float32)}, 3,
+                    train_loss=2.0, align_loss=1.5),
+    ]
+    new, metrics = agg(strategy(0.5), replies)
+    # weighted average: w = (1*[2,0] + 3*[6,8]) / 4 = [5, 6]; b = (3 + 21) / 4 = 6
+    # momentum 0.5: w = 0.5*[0,4] + 0.5*[5,6] = [2.5, 5]; b = 0.5*1 + 0.5*6 = 3.5
+    np.testing.assert_allclose(new["w"], [[2.5, 5.0]])
+    np.testing.assert_allclose(new["b"], [3.5])
+    assert metrics["train_loss"] == pytest.approx((1 * 1.0 + 3 * 2.0) / 4)
+    assert metrics["align_loss"] == pytest.approx((1 * 0.5 + 3 * 1.5) / 4)
+    # beta = 0 is the plain weighted average
+    new0, _ = agg(strategy(0.0), replies)
+    np.testing.assert_allclose(new0["w"], [[5.0, 6.0]])
+
+
+def good(node, scale=1.0, n=2):
+    return train_reply(node, {k: v + scale for k, v in OLD.items()}, n, train_loss=1.0)
+
+
+@pytest.mark.parametrize("bad", [
+    {"w": np.array([[np.nan, 1.0]], np.float32), "b": np.array([1.0], np.float32)},   # NaN
+    {"w": np.array([[np.inf, 1.0]], np.float32), "b": np.array([1.0], np.float32)},   # Inf
+    {"w": np.zeros((2, 2), np.float32), "b": np.array([1.0], np.float32)},            # shape
+    {"w": np.zeros((1, 2), np.float64), "b": np.array([1.0], np.float32)},            # dtype
+    {"w": np.zeros((1, 2), np.float32), "b": np.array([1.0], np.float32),
+     "private.head": np.zeros(3, np.float32)},                                          # extra key
+    {"w": np.zeros((1, 2), np.float32)},                                                # missing key
+])
+def test_bad_replies_are_dropped_and_the_aggregate_equals_the_one_without_them(bad, caplog):
+    clean, _ = agg(strategy(), [good(1, 1.0), good(2, 3.0, n=6)])
+    s = strategy()
+    with_bad, _ = agg(s, [good(1, 1.0), train_reply(99, bad, 1000), good(2, 3.0, n=6)])
+    for k in clean:
+        np.testing.assert_array_equal(with_bad[k], clean[k])
+    assert s.round_stats["clients_dropped"] == 1 and s.round_stats["clients_trained"] == 2
+    assert "node 99" in caplog.text
+
+
+def test_a_round_with_only_bad_replies_keeps_the_proxy():
+    s = strategy()
+    arrays, _ = s.aggregate_train(1, [train_reply(5, {"w": np.zeros(3, np.float32)}, 1)])
+    assert arrays is None  # Strategy.start keeps the previous arrays
+
+
+def test_a_reply_without_a_positive_weight_is_dropped():
+    s = strategy()
+    arrays, _ = s.aggregate_train(1, [good(1), train_reply(2, dict(OLD), 0)])
+    assert s.round_stats["clients_dropped"] == 1 and arrays is not None
+
+
+def test_bytes_are_counted_from_what_travels():
+    s = strategy()
+    replies = [good(1), good(2)]
+    s.aggregate_train(1, replies)
+    expected = sum(len(Array(v).data) for v in OLD.values()) * 2
+    assert s.round_stats["bytes_up"] == expected
+    assert ArrayRecord({k: Array(v) for k, v in OLD.items()}).count_bytes() > 0
