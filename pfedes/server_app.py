@@ -1,22 +1,33 @@
 """The ServerApp: compose the experiment from conf/ (Flower's run config overrides it), start
-the method's strategy with its initial shared entries, and log every round."""
+the method's strategy with its initial shared entries, log every round, and checkpoint the
+shared state after every round so that `resume=true` continues where a stopped server left off."""
 
 from __future__ import annotations
 
+import hashlib
+import json
+from logging import INFO
 from pathlib import Path
 from typing import Any
 
-from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
+import numpy as np
+import torch
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, MetricRecord
+from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 from hydra.utils import get_class
 
-from .config import experiment_config, overrides_from_run_config
+from .client_state import atomic_torch_save
+from .config import ConfigError, experiment_config, overrides_from_run_config
 from .data import load_split, load_unified_test, num_classes_of
 from .models import resolve_architecture
 from .recording import RunRecorder
 from .strategies.base import experiment_json
 
 app = ServerApp()
+CHECKPOINT = "server_checkpoint.pt"
+# Keys that may differ between a run and its resumption.
+RESUME_FREE_KEYS = ("num_rounds", "resume")
 
 
 @app.main()
@@ -34,41 +45,81 @@ def prepare(cfg: dict[str, Any]) -> dict[str, Any]:
     return cfg
 
 
+def config_fingerprint(cfg: dict[str, Any]) -> str:
+    fixed = {k: v for k, v in cfg.items() if k not in RESUME_FREE_KEYS}
+    return hashlib.sha256(json.dumps(fixed, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def save_checkpoint(path: Path, server_round: int, arrays: ArrayRecord, strategy, rounds: list,
+                    cfg: dict[str, Any]) -> None:
+    atomic_torch_save({"round": server_round,
+                       "arrays": {k: v.numpy() for k, v in arrays.items()},
+                       "strategy": strategy.state_dict(), "rounds": rounds,
+                       "fingerprint": config_fingerprint(cfg)}, path)
+
+
+def load_checkpoint(path: Path, cfg: dict[str, Any]) -> dict[str, Any]:
+    if not path.is_file():
+        raise ConfigError(f"resume=true but there is no checkpoint at '{path}'")
+    checkpoint = torch.load(path, map_location="cpu", weights_only=False)
+    if checkpoint["fingerprint"] != config_fingerprint(cfg):
+        raise ConfigError(f"resume=true but '{path}' was written by a run with another configuration "
+                          f"(only {', '.join(RESUME_FREE_KEYS)} may change)")
+    return checkpoint
+
+
 def run_experiment(grid: Grid, cfg: dict[str, Any]) -> dict[str, Any]:
     cfg = prepare(cfg)
+    out_dir = Path(cfg["out_dir"])
     strategy_cls = get_class(cfg["strategy"]["server"])
     trainer_cls = get_class(cfg["strategy"]["trainer"])
     num_classes = num_classes_of(load_split(cfg["data"]["path"], "train"))
-    arch = resolve_architecture(cfg["clients"]["devices"][0], cfg["model"]["profiles"])
-    initial = trainer_cls.initial_shared(cfg, arch, num_classes)
+    archs = [resolve_architecture(d, cfg["model"]["profiles"]) for d in cfg["clients"]["devices"]]
+    if trainer_cls.requires_same_architecture and len(set(archs)) > 1:
+        raise ConfigError(f"strategy '{cfg['strategy']['name']}' needs one architecture on every client, "
+                          f"but clients.devices maps to {sorted(set(archs))}: set e.g. clients.devices=[phone]")
+    initial = trainer_cls.initial_shared(cfg, archs[0], num_classes)
     strategy = strategy_cls(cfg)
-    recorder = RunRecorder(Path(cfg["out_dir"]), cfg)
-
-    global_model = trainer_cls(cfg, arch, num_classes, seed=int(cfg["seed"])) \
-        if trainer_cls.has_global_model else None
+    checkpoint_path = out_dir / CHECKPOINT
+    done, previous_rounds = 0, None
+    if cfg.get("resume"):
+        checkpoint = load_checkpoint(checkpoint_path, cfg)
+        done, previous_rounds = int(checkpoint["round"]), checkpoint["rounds"]
+        initial = {k: torch.from_numpy(np.asarray(v)) for k, v in checkpoint["arrays"].items()}
+        strategy.load_state_dict(checkpoint["strategy"])
+        strategy.round_offset = done
+        log(INFO, "[pfedes] resuming after round %d from %s", done, checkpoint_path)
+    recorder = RunRecorder(out_dir, cfg, resume_rounds=previous_rounds)
+    global_model = (trainer_cls(cfg, archs[0], num_classes, seed=int(cfg["seed"]))
+                    if trainer_cls.has_global_model else None)
 
     def after_round(server_round: int, arrays: ArrayRecord):
-        """Flower's server-side evaluation hook: global accuracy (if any), then the run log."""
+        """Flower's server-side evaluation hook: global accuracy (if any), run log, checkpoint."""
         if server_round == 0:
             return None
+        server_round += done
         extra = None
         if global_model is not None and len(arrays):
             x, y = load_unified_test(cfg["data"]["path"], int(cfg["data"]["unified_test_samples"]))
             global_model.load_shared(arrays.to_torch_state_dict())
             extra = {"global_acc": global_model.accuracy(x, y, global_model.global_predict)["accuracy"]}
         recorder.record(server_round, strategy.pop_round_stats(), extra)
+        save_checkpoint(checkpoint_path, server_round, arrays, strategy, recorder.rounds, cfg)
         return MetricRecord(extra) if extra else None
 
+    remaining = int(cfg["num_rounds"]) - done
     exp = ConfigRecord({"experiment": experiment_json(cfg)})
-    strategy.start(grid=grid, initial_arrays=ArrayRecord(initial), num_rounds=int(cfg["num_rounds"]),
-                   train_config=exp, evaluate_config=ConfigRecord(dict(exp)), evaluate_fn=after_round)
+    if remaining > 0:
+        strategy.start(grid=grid, initial_arrays=ArrayRecord({k: Array(np.asarray(v)) for k, v in initial.items()}),
+                       num_rounds=remaining, train_config=exp, evaluate_config=ConfigRecord(dict(exp)),
+                       evaluate_fn=after_round)
     model_params = {}
     for device in sorted(set(cfg["clients"]["devices"])):
-        device_arch = resolve_architecture(device, cfg["model"]["profiles"])
-        model = trainer_cls(cfg, device_arch, num_classes, seed=0)
+        arch = resolve_architecture(device, cfg["model"]["profiles"])
+        model = trainer_cls(cfg, arch, num_classes, seed=0)
         model_params[device] = sum(p.numel() for p in model.model.parameters())
     return recorder.finish({
-        "proxy_params": int(sum(v.numel() for v in initial.values())),
+        "proxy_params": int(sum(np.asarray(v).size for v in initial.values())),
         "shared_keys": list(initial),
         "model_params_by_device": model_params,
     })

@@ -28,3 +28,23 @@ def test_pfedes_simulation_with_three_device_profiles(tmp_path):
     assert summary["proxy_params"] < min(summary["model_params_by_device"].values())
     assert (tmp_path / "summary.json").is_file() and (tmp_path / "accuracy.png").stat().st_size > 0
     assert len(list((tmp_path / "client_state").glob("pfedes-p*.pt"))) == 3
+
+
+@pytest.mark.slow
+def test_resume_continues_from_the_checkpoint_with_the_same_proxy(tmp_path):
+    import torch
+
+    from pfedes.server_app import CHECKPOINT
+
+    common = ["num_clients=2", "clients.devices=[phone,gateway]", "data.samples_per_client=100",
+              f"out_dir={tmp_path}"]
+    simulate(make_cfg("num_rounds=1", *common))
+    saved = torch.load(tmp_path / CHECKPOINT, weights_only=False)
+    assert saved["round"] == 1
+    summary = simulate(make_cfg("num_rounds=2", "resume=true", *common))
+    rounds = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in rounds] == [1, 2] and summary["rounds"] == 2
+    resumed = torch.load(tmp_path / CHECKPOINT, weights_only=False)
+    assert resumed["round"] == 2
+    # The second run started from the saved proxy: it differs from it after one more round.
+    assert set(resumed["arrays"]) == set(saved["arrays"])

@@ -107,8 +107,21 @@ class PersonalizedStrategy(FedAvg):
         if not 0.0 <= self.server_momentum < 1.0:
             raise ValueError(f"strategy.server_momentum {self.server_momentum} is outside [0, 1)")
         self.current: dict[str, np.ndarray] = {}
+        self.round_offset = 0  # rounds already done before a resumed run
         self.round_stats: dict[str, Any] = {}
         self.reset_round_stats()
+
+    def absolute_round(self, server_round: int) -> int:
+        """Flower counts the rounds of this process from 1; a resumed run continues the count."""
+        return server_round + self.round_offset
+
+    # -- server-side state that a checkpoint must hold besides the shared arrays ----------
+    def state_dict(self) -> dict[str, Any]:
+        """Extra server state of the method (per-cluster models, a global head, ...)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what `state_dict` returned."""
 
     # -- bookkeeping -----------------------------------------------------------------------
     def reset_round_stats(self) -> None:
@@ -123,6 +136,7 @@ class PersonalizedStrategy(FedAvg):
     # -- training ---------------------------------------------------------------------------
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
+        server_round = self.absolute_round(server_round)
         self.current = {k: v.numpy() for k, v in arrays.items()}
         messages = list(super().configure_train(server_round, arrays, config, grid))
         self.round_stats["bytes_down"] += arrays_nbytes(arrays) * len(messages)
@@ -130,6 +144,7 @@ class PersonalizedStrategy(FedAvg):
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]
                         ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        server_round = self.absolute_round(server_round)
         good: list[Message] = []
         for msg in replies:
             if not msg.has_error():
@@ -165,12 +180,14 @@ class PersonalizedStrategy(FedAvg):
     # -- evaluation -------------------------------------------------------------------------
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                            grid: Grid) -> Iterable[Message]:
+        server_round = self.absolute_round(server_round)
         sent = arrays if self.send_arrays_to_evaluate else ArrayRecord()
         messages = list(super().configure_evaluate(server_round, sent, config, grid))
         self.round_stats["bytes_down"] += arrays_nbytes(sent) * len(messages)
         return messages
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
+        server_round = self.absolute_round(server_round)
         results = []
         for msg in replies:
             if msg.has_error():

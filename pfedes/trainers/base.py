@@ -30,6 +30,7 @@ class Trainer:
     """
 
     has_global_model = False
+    requires_same_architecture = False  # homogeneous-model methods set this
 
     def __init__(self, cfg: dict[str, Any], arch: str, num_classes: int, seed: int) -> None:
         self.cfg = cfg
