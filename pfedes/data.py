@@ -20,7 +20,6 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 EMBEDDED = "embedded"
-EMBEDDED_DIR = Path(__file__).parent / "sample"
 CIFAR_MEAN = torch.tensor([0.4914, 0.4822, 0.4465]).view(1, 3, 1, 1)
 CIFAR_STD = torch.tensor([0.2470, 0.2435, 0.2616]).view(1, 3, 1, 1)
 
@@ -42,9 +41,35 @@ class ClientData:
         return len(self.y_train)
 
 
+@functools.lru_cache(maxsize=1)
+def embedded_dir() -> Path:
+    """The sample shipped in the package. A FAB (`flwr run .`) carries code and text only, so
+    when this module runs from a FAB the sample is taken from the installed pfedes package."""
+    here = Path(__file__).parent / "sample"
+    if here.is_dir():
+        return here
+    import importlib.metadata
+    import json as _json
+    from urllib.parse import unquote, urlparse
+
+    try:
+        dist = importlib.metadata.distribution("pfedes")
+    except importlib.metadata.PackageNotFoundError:
+        return here
+    installed = Path(str(dist.locate_file("pfedes/sample")))
+    if installed.is_dir():
+        return installed
+    direct_url = dist.read_text("direct_url.json")  # editable install: the source tree
+    if direct_url:
+        source = Path(unquote(urlparse(_json.loads(direct_url).get("url", "")).path))
+        if (source / "pfedes" / "sample").is_dir():
+            return source / "pfedes" / "sample"
+    return here
+
+
 def resolve_data_dir(path: str) -> Path:
     """`embedded` or a directory with train.parquet and test.parquet; anything else is a DataError."""
-    directory = EMBEDDED_DIR if path == EMBEDDED else Path(path).expanduser()
+    directory = embedded_dir() if path == EMBEDDED else Path(path).expanduser()
     if not directory.is_dir():
         raise DataError(f"data path '{path}' is not a directory (expected train.parquet and test.parquet in it)")
     for name in ("train.parquet", "test.parquet"):
