@@ -1,0 +1,87 @@
+"""FedProto on the server: per-class prototypes averaged over clients, weighted by class counts.
+
+Also the server side that every per-class-payload method shares (`ClassPayloadStrategy`):
+replies carry a per-class payload (pfedes.class_payload) instead of weights; each is validated
+(keys match its counts, shapes, dtypes, finiteness, a positive weight) and a bad one is dropped
+with a warning naming the node, and the round goes on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from logging import WARNING
+from typing import Any
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, Message, MetricRecord
+from flwr.common.logger import log
+
+from ..class_payload import counts_problem, decode, expected_payload, weighted_class_average
+from ..data import load_split, num_classes_of
+from .base import WEIGHT_KEY, PersonalizedStrategy, arrays_nbytes, reply_problem, weighted_metrics
+
+
+def class_reply_problem(msg: Message, num_classes: int, dim: int) -> str | None:
+    """Why a train reply is not a usable per-class payload, or None if it is."""
+    if msg.has_error() or len(msg.content.array_records) != 1:
+        return reply_problem(msg, {})  # names the error or the malformed envelope
+    arrays = next(iter(msg.content.array_records.values()))
+    as_numpy = {k: a.numpy() for k, a in arrays.items()}
+    problem = counts_problem(as_numpy, num_classes)
+    if problem:
+        return problem
+    # Keys, shapes, dtypes, NaN/Inf and the weight, against what these counts imply.
+    return reply_problem(msg, expected_payload(as_numpy["counts"], dim))
+
+
+class ClassPayloadStrategy(PersonalizedStrategy):
+    """Aggregates per-class payloads of dimension `payload_dim` (subclasses say which)."""
+
+    def __init__(self, cfg: dict[str, Any]) -> None:
+        super().__init__(cfg)
+        self.num_classes = num_classes_of(load_split(cfg["data"]["path"], "train"))
+
+    @property
+    def payload_dim(self) -> int:
+        raise NotImplementedError
+
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]
+                        ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        server_round = self.absolute_round(server_round)
+        good: list[Message] = []
+        for msg in replies:
+            if not msg.has_error():
+                for record in msg.content.array_records.values():
+                    self.round_stats["bytes_up"] += arrays_nbytes(record)
+            problem = class_reply_problem(msg, self.num_classes, self.payload_dim)
+            if problem:
+                self.round_stats["clients_dropped"] += 1
+                log(WARNING, "round %d: dropped the reply of node %d: %s", server_round,
+                    msg.metadata.src_node_id, problem)
+                continue
+            good.append(msg)
+        self.round_stats["clients_trained"] = len(good)
+        if not good:
+            log(WARNING, "round %d: no usable train reply; the shared state is unchanged", server_round)
+            return None, None
+        records = [dict(next(iter(m.content.metric_records.values()))) for m in good]
+        weights = [float(r[WEIGHT_KEY]) for r in records]
+        self.round_stats["train"] = weighted_metrics(records, weights)
+        payloads = [decode({k: a.numpy() for k, a in next(iter(m.content.array_records.values())).items()})
+                    for m in good]
+        new = self.aggregate_payloads(server_round, payloads)
+        return (ArrayRecord({k: Array(v) for k, v in new.items()}),
+                MetricRecord(self.round_stats["train"]))
+
+    def aggregate_payloads(self, server_round: int,
+                           payloads: list[tuple[dict[int, np.ndarray], np.ndarray]]) -> dict[str, np.ndarray]:
+        """What the server sends next: the count-weighted per-class means (and summed counts)."""
+        return weighted_class_average(payloads)
+
+
+class FedProto(ClassPayloadStrategy):
+    """Global prototype of class c = sum_k n_kc * p_kc / sum_k n_kc over this round's clients."""
+
+    @property
+    def payload_dim(self) -> int:
+        return int(self.cfg["model"]["proxy_dim"])

@@ -1,0 +1,8 @@
+"""FML on the server: the sample-weighted average of the clients' shared "meme" models
+(PersonalizedStrategy's default; strategy.server_momentum 0 makes it the plain average)."""
+
+from .base import PersonalizedStrategy
+
+
+class FML(PersonalizedStrategy):
+    """Aggregates only the meme (the `proxy-only` filter on the client decides what is sent)."""
