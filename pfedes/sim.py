@@ -14,6 +14,7 @@ import hydra
 from omegaconf import DictConfig
 
 from .config import ConfigError, conf_dir, to_dict, validate
+from .data import DataError, resolve_data_dir
 
 
 def simulate(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -25,6 +26,7 @@ def simulate(cfg: dict[str, Any]) -> dict[str, Any]:
     from .server_app import prepare, run_experiment
 
     validate(cfg)
+    resolve_data_dir(cfg["data"]["path"])  # fail fast, with one line, before Ray starts
     cfg = prepare(cfg)
     result: dict[str, Any] = {}
     server_app = ServerApp()
@@ -47,11 +49,11 @@ def simulate(cfg: dict[str, Any]) -> dict[str, Any]:
 
 @hydra.main(config_path=str(conf_dir()), config_name="config", version_base=None)
 def _hydra_main(cfg: DictConfig) -> None:
-    simulate(to_dict(cfg))
+    try:
+        simulate(to_dict(cfg))
+    except (ConfigError, DataError) as exc:
+        sys.exit(f"pfedes-sim: {exc}")
 
 
 def main() -> None:
-    try:
-        _hydra_main()
-    except ConfigError as exc:
-        sys.exit(f"pfedes-sim: {exc}")
+    _hydra_main()

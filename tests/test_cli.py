@@ -1,0 +1,23 @@
+"""The command line fails early with one line that names the problem."""
+
+import subprocess
+import sys
+
+
+def run_sim(*args):
+    return subprocess.run([sys.executable, "-c", "from pfedes.sim import main; main()", *args],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_missing_data_path_is_one_line_naming_it(tmp_path):
+    result = run_sim(f"data.path={tmp_path}/missing", f"out_dir={tmp_path}/out")
+    assert result.returncode != 0
+    assert result.stderr.strip().splitlines() == [
+        f"pfedes-sim: data path '{tmp_path}/missing' is not a directory (expected train.parquet "
+        "and test.parquet in it)"]
+
+
+def test_bad_value_is_one_line_naming_the_key(tmp_path):
+    result = run_sim("train.lr=-1", f"out_dir={tmp_path}/out")
+    assert result.returncode != 0
+    assert result.stderr.strip().splitlines() == ["pfedes-sim: train.lr must be > 0, got -1"]
