@@ -40,6 +40,9 @@ class Trainer:
         self.model = build_client_model(arch, num_classes, model_cfg["proxy_dim"],
                                         model_cfg["feature_dim"])
         self.exchange = nn.ModuleDict(dict(self.model.named_children()))
+        # Method modules that never leave the client (a personal model): persisted with the
+        # trainer, switched between train and eval mode with the model, never filtered.
+        self.private = nn.ModuleDict()
         self.build_extra_modules()
         self.share_spec = list(cfg["strategy"].get("share", []))
         self._shared_keys = shared_keys(self.exchange, self.share_spec)
@@ -99,21 +102,27 @@ class Trainer:
     # -- one round -------------------------------------------------------------------------
     def fit(self, data: ClientData, generator: torch.Generator) -> dict[str, float]:
         self.model.train()
+        self.private.train()
         self.begin_round()
+        metrics = self.train_epochs(data, generator, int(self.cfg["train"]["local_epochs"]))
+        if not all(math.isfinite(v) for v in metrics.values()):
+            raise FloatingPointError(f"local training diverged: {metrics}")
+        return metrics
+
+    def train_epochs(self, data: ClientData, generator: torch.Generator, epochs: int) -> dict[str, float]:
+        """`epochs` passes over the local train split, one `train_step` per batch; the mean
+        of each per-batch metric. A method with training phases overrides this."""
         train = self.cfg["train"]
         sums: dict[str, float] = {}
         counts: dict[str, int] = {}
-        for _ in range(train["local_epochs"]):
+        for _ in range(epochs):
             for x, y in batches(data.x_train, data.y_train, train["batch_size"], generator,
                                 train=True, do_augment=train["augment"]):
                 for key, value in self.train_step(x, y).items():
                     sums[key] = sums.get(key, 0.0) + value
                     counts[key] = counts.get(key, 0) + 1
                 self.steps += 1
-        metrics = {k: v / counts[k] for k, v in sums.items()}
-        if not all(math.isfinite(v) for v in metrics.values()):
-            raise FloatingPointError(f"local training diverged: {metrics}")
-        return metrics
+        return {k: v / counts[k] for k, v in sums.items()}
 
     def evaluate(self, data: ClientData) -> dict[str, float]:
         """Personalized accuracy: the personal model on the client's own held-out split."""
@@ -126,6 +135,7 @@ class Trainer:
     @torch.no_grad()
     def accuracy(self, x_uint8: torch.Tensor, labels: torch.Tensor, predict) -> dict[str, float]:
         self.exchange.eval()
+        self.private.eval()
         correct, loss_sum = 0, 0.0
         for x, y in batches(x_uint8, labels, 256, None, train=False, do_augment=False):
             logits = predict(x)
@@ -137,6 +147,7 @@ class Trainer:
     # -- persistence -----------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         return {"arch": self.arch, "exchange": self.exchange.state_dict(),
+                "private": self.private.state_dict(),
                 "optimizer": self.optimizer.state_dict(), "steps": self.steps}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -144,6 +155,8 @@ class Trainer:
             raise ValueError(f"saved client state is for architecture {state.get('arch')!r}, "
                              f"not {self.arch!r}")
         self.exchange.load_state_dict(state["exchange"])
+        if "private" in state:
+            self.private.load_state_dict(state["private"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.steps = int(state["steps"])
 

@@ -1,0 +1,156 @@
+"""Clustered FL on the server (Sattler, Mueller and Samek, 2020): a model per cluster of
+clients, and recursive bi-partitioning of a cluster when its clients' updates disagree.
+
+Each round every client receives its cluster's model; a cluster's new model is the sample-
+weighted average of its members' replies. With the members' updates dW_i (reply minus the
+model sent), a cluster of at least `min_split_size` replying clients is split in two when
+
+    ||sum_i w_i dW_i / sum_i w_i|| < eps1   (the cluster as a whole is near a stationary point)
+    max_i ||dW_i||                 > eps2   (but some clients are not),
+
+into the two groups that minimise the largest cosine similarity of updates across them
+(complete-linkage agglomeration of the pairwise similarities down to two groups); each new
+cluster's model is the weighted average of its members' replies. Members that did not reply
+in the splitting round stay with the first group.
+
+Clusters are kept by node id; a node the server has not seen joins the first cluster. (A
+resumed simulation assigns new node ids, so its nodes all restart in the first cluster.)
+The arrays the strategy hands back to Flower (checkpointed, and sent to an unknown node) are
+the first cluster's model; all clusters are in `state_dict()`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from logging import INFO
+from typing import Any
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+
+from .base import PersonalizedStrategy, weighted_average
+
+
+def flat_update(reply: dict[str, np.ndarray], sent: dict[str, np.ndarray]) -> np.ndarray:
+    """reply - sent over the floating-point entries, as one float64 vector."""
+    return np.concatenate([(reply[k].astype(np.float64) - sent[k].astype(np.float64)).ravel()
+                           for k in sorted(sent) if sent[k].dtype.kind == "f"])
+
+
+def cosine_similarities(updates: list[np.ndarray]) -> np.ndarray:
+    stacked = np.stack(updates)
+    norms = np.linalg.norm(stacked, axis=1, keepdims=True)
+    unit = stacked / np.where(norms > 0, norms, 1.0)
+    return unit @ unit.T
+
+
+def should_split(updates: list[np.ndarray], weights: list[float], eps1: float, eps2: float) -> bool:
+    """The CFL criterion: the weighted mean update is small while some update is large."""
+    w = np.asarray(weights, dtype=np.float64)
+    mean_norm = float(np.linalg.norm(np.tensordot(w / w.sum(), np.stack(updates), axes=1)))
+    max_norm = max(float(np.linalg.norm(u)) for u in updates)
+    return mean_norm < eps1 and max_norm > eps2
+
+
+def bipartition(similarity: np.ndarray) -> tuple[list[int], list[int]]:
+    """Complete-linkage agglomeration on the dissimilarity -similarity, down to two groups: the
+    merge order keeps the most similar clients together, so the largest similarity across the
+    two groups is as small as this procedure can make it."""
+    groups = [[i] for i in range(len(similarity))]
+    while len(groups) > 2:
+        best, pair = np.inf, (0, 1)
+        for a in range(len(groups)):
+            for b in range(a + 1, len(groups)):
+                linkage = max(-similarity[i, j] for i in groups[a] for j in groups[b])
+                if linkage < best:
+                    best, pair = linkage, (a, b)
+        a, b = pair
+        groups[a] = sorted(groups[a] + groups.pop(b))
+    return groups[0], groups[1]
+
+
+class ClusteredFL(PersonalizedStrategy):
+    send_arrays_to_evaluate = True
+
+    def __init__(self, cfg: dict[str, Any]) -> None:
+        super().__init__(cfg)
+        s = cfg["strategy"]
+        self.eps1, self.eps2 = float(s["eps1"]), float(s["eps2"])
+        self.min_split_size = int(s["min_split_size"])
+        if self.eps1 <= 0 or self.eps2 <= 0 or self.min_split_size < 2:
+            raise ValueError(f"CFL needs strategy.eps1 > 0, strategy.eps2 > 0 and strategy.min_split_size >= 2, "
+                             f"got {self.eps1}, {self.eps2}, {self.min_split_size}")
+        self.clusters: list[dict[str, Any]] = []  # {"members": set of node ids, "arrays": {key: array}}
+
+    # -- which cluster a node is in ----------------------------------------------------
+    def cluster_index(self, node_id: int) -> int:
+        for index, cluster in enumerate(self.clusters):
+            if node_id in cluster["members"]:
+                return index
+        self.clusters[0]["members"].add(node_id)
+        return 0
+
+    def _per_node(self, messages: list[Message]) -> list[Message]:
+        """The same messages, each carrying its destination's cluster model."""
+        out = []
+        for msg in messages:
+            arrays = self.clusters[self.cluster_index(msg.metadata.dst_node_id)]["arrays"]
+            content = RecordDict({self.arrayrecord_key: ArrayRecord({k: Array(v) for k, v in arrays.items()}),
+                                  self.configrecord_key: msg.content[self.configrecord_key]})
+            out.append(Message(content=content, dst_node_id=msg.metadata.dst_node_id,
+                               message_type=msg.metadata.message_type))
+        return out
+
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                        grid: Grid) -> Iterable[Message]:
+        messages = list(super().configure_train(server_round, arrays, config, grid))
+        if not self.clusters:
+            self.clusters = [{"members": set(), "arrays": dict(self.current)}]
+        return self._per_node(messages)  # every cluster model has the shape counted above
+
+    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                           grid: Grid) -> Iterable[Message]:
+        messages = list(super().configure_evaluate(server_round, arrays, config, grid))
+        return self._per_node(messages) if self.clusters else messages
+
+    # -- aggregation ----------------------------------------------------------------------
+    def aggregate_arrays(self, server_round: int, replies: list[Message],
+                         arrays: list[dict[str, np.ndarray]], weights: list[float]) -> dict[str, np.ndarray]:
+        if not self.current:
+            return {}
+        by_cluster: dict[int, list[int]] = {}
+        for i, msg in enumerate(replies):
+            by_cluster.setdefault(self.cluster_index(msg.metadata.src_node_id), []).append(i)
+        new_clusters: list[dict[str, Any]] = []
+        for index, cluster in enumerate(self.clusters):
+            members = by_cluster.get(index, [])
+            if not members:
+                new_clusters.append(cluster)
+                continue
+            updates = [flat_update(arrays[i], cluster["arrays"]) for i in members]
+            w = [weights[i] for i in members]
+            if len(members) >= self.min_split_size and should_split(updates, w, self.eps1, self.eps2):
+                first, second = bipartition(cosine_similarities(updates))
+                nodes = [replies[i].metadata.src_node_id for i in members]
+                group2 = {nodes[j] for j in second}
+                log(INFO, "round %d: CFL splits cluster %d into %s and %s", server_round, index,
+                    sorted(nodes[j] for j in first), sorted(group2))
+                for group, node_set in ((first, cluster["members"] - group2), (second, group2)):
+                    new_clusters.append({"members": set(node_set), "arrays": weighted_average(
+                        [arrays[members[j]] for j in group], [w[j] for j in group])})
+            else:
+                new_clusters.append({"members": cluster["members"],
+                                     "arrays": weighted_average([arrays[i] for i in members], w)})
+        self.clusters = new_clusters
+        self.round_stats["clusters"] = len(self.clusters)
+        return self.clusters[0]["arrays"]
+
+    # -- checkpoint -------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {"clusters": [{"members": sorted(c["members"]), "arrays": c["arrays"]} for c in self.clusters]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.clusters = [{"members": set(c["members"]), "arrays": dict(c["arrays"])}
+                         for c in state.get("clusters", [])]

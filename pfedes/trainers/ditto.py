@@ -1,0 +1,63 @@
+"""Ditto client update: the global model w trains as in FedAvg and is what the client shares;
+a personal model v, which never leaves the client, trains on
+
+    CE(v(x), y) + lam/2 * ||v - w_t||^2
+
+where w_t is the global model received this round (fixed during the round). Evaluation uses v;
+v starts as a copy of the first global model the client receives.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+from torch.nn import functional as F
+
+from .fedavg import FedAvgTrainer
+
+
+class DittoTrainer(FedAvgTrainer):
+    def build_extra_modules(self) -> None:
+        super().build_extra_modules()
+        self.lam = float(self.cfg["strategy"]["lam"])
+        if self.lam < 0:
+            raise ValueError(f"strategy.lam must be >= 0, got {self.lam}")
+        self.private["personal"] = copy.deepcopy(self.model)
+        self.personal = self.private["personal"]
+        self.personal.register_buffer("initialised", torch.zeros((), dtype=torch.bool))
+        train = self.cfg["train"]
+        self.personal_optimizer = torch.optim.SGD(self.personal.parameters(), lr=train["lr"],
+                                                  momentum=train["momentum"],
+                                                  weight_decay=train["weight_decay"])
+
+    def begin_round(self) -> None:
+        if not bool(self.personal.initialised):
+            self.personal.load_state_dict(self.model.state_dict(), strict=False)
+            self.personal.initialised.fill_(True)
+        self.round_global = {k: p.detach().clone() for k, p in self.model.named_parameters()}
+
+    def train_step(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
+        metrics = super().train_step(x, y)  # the global model's local FedAvg step
+        loss = F.cross_entropy(self.personal(x), y)
+        self.personal_optimizer.zero_grad()
+        loss.backward()
+        with torch.no_grad():
+            for k, p in self.personal.named_parameters():
+                p.grad.add_(p - self.round_global[k], alpha=self.lam)
+        self.personal_optimizer.step()
+        return {**metrics, "personal_loss": loss.item()}
+
+    def predict(self, x: torch.Tensor) -> torch.Tensor:
+        return self.personal(x)
+
+    def global_predict(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(x)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "personal_optimizer": self.personal_optimizer.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.personal_optimizer.load_state_dict(state["personal_optimizer"])
