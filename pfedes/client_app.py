@@ -23,10 +23,8 @@ from typing import Any
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
-from hydra.utils import get_class
-
+from .client_round import build_trainer, evaluate_round, load_node_data, train_round
 from .client_state import StateStore
-from .data import load_client_data
 from .models import resolve_architecture
 
 app = ClientApp()
@@ -102,17 +100,11 @@ def _setup(msg: Message, context: Context):
     cfg = parse_experiment(str(config["experiment"]))
     set_threads(threads_for(cfg))
     node = resolve_node(cfg, dict(context.node_config), context.node_id)
-    data_cfg = cfg["data"]
-    data = load_client_data(node.data_path, data_cfg["partition"], node.num_partitions,
-                            node.partition_id, int(cfg["seed"]), int(data_cfg["classes_per_client"]),
-                            float(data_cfg["alpha"]), int(data_cfg["samples_per_client"]),
-                            float(data_cfg["test_fraction"]))
-    trainer_cls = get_class(cfg["strategy"]["trainer"])
-    seed = int(cfg["seed"]) * 100_003 + node.partition_id
+    data = load_node_data(cfg, node.data_path, node.partition_id, node.num_partitions)
     known = context.state.config_records.get(VERSION_KEY)
     version = int(known["version"]) if known is not None else None
     trainer, version = STORE.get(node.state_file, version,
-                                 lambda: trainer_cls(cfg, node.arch, data.num_classes, seed))
+                                 lambda: build_trainer(cfg, node.arch, data.num_classes, node.partition_id))
     return cfg, node, data, trainer, version
 
 
@@ -124,17 +116,14 @@ def _info(node: Node) -> ConfigRecord:
 def train(msg: Message, context: Context) -> Message:
     cfg, node, data, trainer, version = _setup(msg, context)
     arrays = msg.content.array_records.get("arrays", ArrayRecord())
-    trainer.load_shared(arrays.to_torch_state_dict())
     server_round = int(msg.content["config"].get("server-round", 0))
-    generator = torch.Generator().manual_seed(int(cfg["seed"]) * 1_000_003 + node.partition_id * 1009
-                                              + server_round)
-    metrics = trainer.fit(data, generator)
+    shared, metrics = train_round(trainer, arrays.to_torch_state_dict(), data, cfg,
+                                  node.partition_id, server_round)
     version += 1
     STORE.save(node.state_file, trainer, version)
     context.state[VERSION_KEY] = ConfigRecord({"version": version})
-    metrics["num-examples"] = data.num_train
-    content = RecordDict({"arrays": ArrayRecord(trainer.shared_state()),
-                          "metrics": MetricRecord(metrics), "info": _info(node)})
+    content = RecordDict({"arrays": ArrayRecord(shared), "metrics": MetricRecord(metrics),
+                          "info": _info(node)})
     return Message(content=content, reply_to=msg)
 
 
@@ -142,9 +131,6 @@ def train(msg: Message, context: Context) -> Message:
 def evaluate(msg: Message, context: Context) -> Message:
     _, node, data, trainer, _ = _setup(msg, context)
     arrays = msg.content.array_records.get("arrays", ArrayRecord())
-    if len(arrays):
-        trainer.load_shared(arrays.to_torch_state_dict())
-    metrics = trainer.evaluate(data)
-    metrics["num-examples"] = len(data.y_test)
+    metrics = evaluate_round(trainer, arrays.to_torch_state_dict(), data)
     content = RecordDict({"metrics": MetricRecord(metrics), "info": _info(node)})
     return Message(content=content, reply_to=msg)

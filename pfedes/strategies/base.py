@@ -59,6 +59,13 @@ def reply_problem(msg: Message, expected: dict[str, np.ndarray]) -> str | None:
     return None
 
 
+def reply_order(msg: Message) -> tuple[int, int]:
+    """Sort key: the client's partition id (when it reports one), then its node id."""
+    info = msg.content.config_records.get("info")
+    partition = int(info["partition-id"]) if info is not None and "partition-id" in info else -1
+    return partition, msg.metadata.src_node_id
+
+
 def weighted_average(arrays: list[dict[str, np.ndarray]], weights: list[float]) -> dict[str, np.ndarray]:
     """Sample-weighted mean per key, computed in float64 and cast back to each key's dtype."""
     w = np.asarray(weights, dtype=np.float64)
@@ -157,6 +164,7 @@ class PersonalizedStrategy(FedAvg):
                     msg.metadata.src_node_id, problem)
                 continue
             good.append(msg)
+        good.sort(key=reply_order)  # aggregation must not depend on the order replies arrive in
         self.round_stats["clients_trained"] = len(good)
         if not good:
             log(WARNING, "round %d: no usable train reply; the shared model is unchanged", server_round)

@@ -1,0 +1,45 @@
+"""One client's work in one round, without Flower: what the ClientApp runs for each message and
+what the plain benchmark loop (pfedes/plain_loop.py) calls directly, so both do the same work."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from hydra.utils import get_class
+
+from .data import ClientData, load_client_data
+
+
+def load_node_data(cfg: dict[str, Any], data_path: str, partition_id: int, num_partitions: int) -> ClientData:
+    data_cfg = cfg["data"]
+    return load_client_data(data_path, data_cfg["partition"], num_partitions, partition_id,
+                            int(cfg["seed"]), int(data_cfg["classes_per_client"]),
+                            float(data_cfg["alpha"]), int(data_cfg["samples_per_client"]),
+                            float(data_cfg["test_fraction"]))
+
+
+def build_trainer(cfg: dict[str, Any], arch: str, num_classes: int, partition_id: int):
+    """A fresh trainer; its private model's initialisation depends on (seed, partition) only, so
+    every method starts each client from the same private model."""
+    trainer_cls = get_class(cfg["strategy"]["trainer"])
+    return trainer_cls(cfg, arch, num_classes, seed=int(cfg["seed"]) * 100_003 + partition_id)
+
+
+def train_round(trainer, arrays: dict[str, torch.Tensor], data: ClientData, cfg: dict[str, Any],
+                partition_id: int, server_round: int) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+    """Load the shared entries, train locally, return (entries to send, metrics)."""
+    trainer.load_shared(arrays)
+    generator = torch.Generator().manual_seed(int(cfg["seed"]) * 1_000_003 + partition_id * 1009
+                                              + server_round)
+    metrics = trainer.fit(data, generator)
+    metrics["num-examples"] = data.num_train
+    return trainer.shared_state(), metrics
+
+
+def evaluate_round(trainer, arrays: dict[str, torch.Tensor], data: ClientData) -> dict[str, float]:
+    if arrays:
+        trainer.load_shared(arrays)
+    metrics = trainer.evaluate(data)
+    metrics["num-examples"] = len(data.y_test)
+    return metrics
