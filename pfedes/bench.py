@@ -1,0 +1,400 @@
+"""`pfedes-bench`: run several strategies on the identical partitions, seeds and local test
+splits through Flower's simulation engine, then put the results side by side, e.g.
+
+    pfedes-bench strategies=[local,fedavg,fedprox,pfedes] seeds=[0,1,2] clients.devices=[phone] \
+        num_clients=10 num_rounds=30 data.path=../shared/data/cifar10 out_dir=bench/homog
+
+It first diagnoses the heterogeneity of the partition (mean pairwise Jensen-Shannon divergence
+of the clients' label distributions, per-client label histograms), then runs every (strategy,
+seed) with `pfedes.sim.simulate` into <out_dir>/<strategy>/seed<k>, and writes
+<out_dir>/results.csv (one row per strategy and seed), results.md (one row per strategy, mean
+± std over seeds) and curves.png. Personalized figures are means over the last
+LAST_ROUNDS rounds. A strategy that needs one architecture is skipped, with the reason, when
+clients.devices maps to several. Nothing here knows any strategy except the two references
+(Local-only and FedAvg) that the gains are measured against.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+import sys
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import hydra
+import numpy as np
+from omegaconf import DictConfig, OmegaConf
+
+from .config import ConfigError, conf_dir, experiment_config
+
+LAST_ROUNDS = 5
+LOCAL, FEDAVG = "local", "fedavg"
+# Keys the bench sets itself for each run, or that only the bench reads.
+BENCH_KEYS = ("strategies", "seeds", "out_dir", "strategy", "seed")
+
+
+# -- heterogeneity ------------------------------------------------------------------------
+def js_divergence(p: np.ndarray, q: np.ndarray) -> float:
+    """Jensen-Shannon divergence (base 2, so in [0, 1]) of two distributions."""
+    p, q = p / p.sum(), q / q.sum()
+    m = 0.5 * (p + q)
+
+    def kl(a: np.ndarray) -> float:
+        mask = a > 0
+        return float(np.sum(a[mask] * np.log2(a[mask] / m[mask])))
+
+    return 0.5 * kl(p) + 0.5 * kl(q)
+
+
+def mean_pairwise_jsd(histograms: np.ndarray) -> float:
+    n = len(histograms)
+    pairs = [js_divergence(histograms[i], histograms[j]) for i in range(n) for j in range(i + 1, n)]
+    return float(np.mean(pairs)) if pairs else 0.0
+
+
+def label_histograms(cfg: dict[str, Any]) -> np.ndarray:
+    """Per client (rows) the count of each label (columns) in its local data, train and test,
+    exactly as the clients of this configuration load it."""
+    from .data import load_client_data
+
+    d = cfg["data"]
+    rows = []
+    for pid in range(int(cfg["num_clients"])):
+        data = load_client_data(d["path"], d["partition"], int(cfg["num_clients"]), pid, int(cfg["seed"]),
+                                int(d["classes_per_client"]), float(d["alpha"]),
+                                int(d["samples_per_client"]), float(d["test_fraction"]))
+        labels = np.concatenate([data.y_train.numpy(), data.y_test.numpy()])
+        rows.append(np.bincount(labels, minlength=data.num_classes))
+    return np.stack(rows)
+
+
+def heterogeneity_note(jsd: float) -> str:
+    if jsd < 0.1:
+        return "close to IID in labels: feature shift is the likelier problem"
+    if jsd > 0.3:
+        return "strong label skew"
+    return "moderate label skew"
+
+
+def histogram_table(histograms: np.ndarray) -> str:
+    head = "| client | " + " | ".join(str(c) for c in range(histograms.shape[1])) + " | total |"
+    rule = "|---" * (histograms.shape[1] + 2) + "|"
+    body = [f"| {i} | " + " | ".join(str(int(v)) for v in row) + f" | {int(row.sum())} |"
+            for i, row in enumerate(histograms)]
+    return "\n".join([head, rule, *body])
+
+
+# -- one run ------------------------------------------------------------------------------
+@dataclass
+class Run:
+    strategy: str
+    seed: int
+    out_dir: Path
+    status: str = "pending"  # ok | skipped | failed
+    note: str = ""
+    rounds: list[dict[str, Any]] = field(default_factory=list)
+
+    def last(self, key: str) -> float | None:
+        values = [r[key] for r in self.rounds if r.get(key) is not None]
+        return float(np.mean(values[-LAST_ROUNDS:])) if values else None
+
+    def mean(self, key: str) -> float | None:
+        values = [r[key] for r in self.rounds if r.get(key) is not None]
+        return float(np.mean(values)) if values else None
+
+    @property
+    def figures(self) -> dict[str, float | None]:
+        return {"acc_mean_last": self.last("acc_mean"), "acc_worst_last": self.last("acc_worst"),
+                "global_acc_last": self.last("global_acc"),
+                "bytes_up_per_client_round": self.mean("bytes_up_per_client"),
+                "bytes_down_per_client_round": self.mean("bytes_down_per_client"),
+                "seconds_per_round": self.mean("seconds")}
+
+
+def split_overrides(task_overrides: list[str]) -> tuple[list[str], list[tuple[str, str]]]:
+    """The user's overrides minus the bench's own keys: (overrides for every run,
+    [(strategy key, override)] for the runs whose preset has that key)."""
+    common, per_strategy = [], []
+    for override in task_overrides:
+        key = override.split("=", 1)[0].lstrip("+~")
+        if key in ("strategy", "seed"):
+            raise ConfigError(f"'{override}': the bench sets {key} per run; use "
+                              f"{'strategies' if key == 'strategy' else 'seeds'}=[...]")
+        if key in BENCH_KEYS:
+            continue
+        if key.startswith("strategy."):
+            per_strategy.append((key.split(".", 1)[1].split(".")[0], override))
+        else:
+            common.append(override)
+    return common, per_strategy
+
+
+def run_overrides(common: list[str], per_strategy: list[tuple[str, str]], strategy: str,
+                  preset: dict[str, Any]) -> list[str]:
+    return [*common, *(o for key, o in per_strategy if key in preset), f"strategy={strategy}"]
+
+
+def needs_one_architecture(cfg: dict[str, Any]) -> str | None:
+    """Why this run cannot go ahead with this device list, or None."""
+    from hydra.utils import get_class
+
+    from .models import resolve_architecture
+
+    trainer = get_class(cfg["strategy"]["trainer"])
+    archs = sorted({resolve_architecture(d, cfg["model"]["profiles"]) for d in cfg["clients"]["devices"]})
+    if trainer.requires_same_architecture and len(archs) > 1:
+        return f"needs one architecture (clients.devices maps to {', '.join(archs)})"
+    return None
+
+
+def read_rounds(out_dir: Path) -> list[dict[str, Any]]:
+    path = out_dir / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def execute(run: Run, cfg: dict[str, Any]) -> None:
+    from .sim import simulate
+
+    reason = needs_one_architecture(cfg)
+    if reason:
+        run.status, run.note = "skipped", reason
+        print(f"[pfedes-bench] {run.strategy} seed {run.seed}: skipped, {reason}", flush=True)
+        return
+    shutil.rmtree(run.out_dir / "client_state", ignore_errors=True)  # a fresh run, not a resumed one
+    print(f"[pfedes-bench] {run.strategy} seed {run.seed} -> {run.out_dir}", flush=True)
+    try:
+        simulate(cfg)
+        run.rounds = read_rounds(run.out_dir)
+        run.status = "ok"
+    except Exception as exc:  # one broken method must not lose the others' results
+        traceback.print_exc()
+        run.status, run.note = "failed", f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+
+
+# -- aggregation --------------------------------------------------------------------------
+def paired_gains(runs: list[Run], reference: str) -> dict[tuple[str, int], float]:
+    """acc(strategy, seed) - acc(reference, seed), for the seeds where both ran."""
+    base = {r.seed: r.figures["acc_mean_last"] for r in runs if r.strategy == reference and r.status == "ok"}
+    return {(r.strategy, r.seed): r.figures["acc_mean_last"] - base[r.seed]
+            for r in runs if r.status == "ok" and base.get(r.seed) is not None
+            and r.figures["acc_mean_last"] is not None}
+
+
+def mean_std(values: list[float]) -> tuple[float, float | None] | None:
+    """(mean, sample standard deviation); the deviation is None for a single value."""
+    if not values:
+        return None
+    return float(np.mean(values)), (float(np.std(values, ddof=1)) if len(values) > 1 else None)
+
+
+CSV_FIELDS = ["strategy", "seed", "status", "note", "acc_mean_last", "acc_worst_last", "global_acc_last",
+              "gain_vs_local", "gain_vs_fedavg", "bytes_up_per_client_round", "bytes_down_per_client_round",
+              "seconds_per_round", "rounds", "out_dir"]
+
+
+def write_csv(path: Path, runs: list[Run]) -> None:
+    vs_local, vs_fedavg = paired_gains(runs, LOCAL), paired_gains(runs, FEDAVG)
+    with path.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=CSV_FIELDS)
+        writer.writeheader()
+        for r in runs:
+            writer.writerow({"strategy": r.strategy, "seed": r.seed, "status": r.status, "note": r.note,
+                             **r.figures, "gain_vs_local": vs_local.get((r.strategy, r.seed)),
+                             "gain_vs_fedavg": vs_fedavg.get((r.strategy, r.seed)),
+                             "rounds": len(r.rounds), "out_dir": str(r.out_dir)})
+
+
+def _pct(stat: tuple[float, float | None] | None, signed: bool = False) -> str:
+    if stat is None:
+        return "—"
+    mean, std = stat
+    text = f"{100 * mean:{'+' if signed else ''}.1f}"
+    return text if std is None else f"{text} ± {100 * std:.1f}"
+
+
+def _bytes(value: float | None) -> str:
+    if value is None:
+        return "—"
+    for unit, size in (("MiB", 2 ** 20), ("KiB", 2 ** 10)):
+        if value >= size:
+            return f"{value / size:.1f} {unit}"
+    return f"{value:.0f} B"
+
+
+def results_table(strategies: list[str], runs: list[Run]) -> str:
+    vs_local, vs_fedavg = paired_gains(runs, LOCAL), paired_gains(runs, FEDAVG)
+    local_ran = any(r.strategy == LOCAL and r.status == "ok" for r in runs)
+    lines = ["| strategy | personalized acc % | worst client % | gain vs Local-only (points) | "
+             "gain vs FedAvg (points) | global acc % | up / client / round | down / client / round | "
+             "s / round | vs Local-only |",
+             "|---" * 10 + "|"]
+    for name in strategies:
+        mine = [r for r in runs if r.strategy == name]
+        ok = [r for r in mine if r.status == "ok"]
+        if not ok:
+            reasons = sorted({r.note or r.status for r in mine})
+            lines.append(f"| {name} | {'; '.join(reasons)} |" + " |" * 8 + " — |")
+            continue
+
+        def stat(key: str) -> tuple[float, float] | None:
+            return mean_std([r.figures[key] for r in ok if r.figures[key] is not None])
+
+        def avg(key: str) -> float | None:
+            values = [r.figures[key] for r in ok if r.figures[key] is not None]
+            return float(np.mean(values)) if values else None
+
+        gain_local = mean_std([vs_local[(name, r.seed)] for r in ok if (name, r.seed) in vs_local])
+        gain_fedavg = mean_std([vs_fedavg[(name, r.seed)] for r in ok if (name, r.seed) in vs_fedavg])
+        if name == LOCAL:
+            verdict = "reference"
+        elif not local_ran or gain_local is None:
+            verdict = "— (Local-only not run)"
+        else:
+            verdict = "beats" if gain_local[0] > 0 else "**loses**"
+        seconds = avg("seconds_per_round")
+        lines.append(" | ".join([
+            f"| {name}", _pct(stat("acc_mean_last")), _pct(stat("acc_worst_last")),
+            _pct(gain_local, signed=True) if name != LOCAL else "—",
+            _pct(gain_fedavg, signed=True) if name != FEDAVG else "—",
+            _pct(stat("global_acc_last")), _bytes(avg("bytes_up_per_client_round")),
+            _bytes(avg("bytes_down_per_client_round")),
+            "—" if seconds is None else f"{seconds:.2f}", verdict]) + " |")
+        failed = [r for r in mine if r.status != "ok"]
+        if failed:
+            lines[-1] += f" ({len(failed)} of {len(mine)} seeds did not run: {failed[0].note})"
+    return "\n".join(lines)
+
+
+def write_markdown(path: Path, settings: dict[str, Any], strategies: list[str], runs: list[Run],
+                   diagnosis: dict[str, Any]) -> None:
+    seeds = settings["seeds"]
+    parts = [
+        "# pfedes-bench results", "",
+        f"Clients: {settings['num_clients']} ({', '.join(settings['devices'])}); rounds: {settings['num_rounds']}; "
+        f"data: {settings['data']}; seeds: {seeds}. Every strategy ran on the same partition, seeds and "
+        "local test splits.", "",
+        f"Personalized accuracy: each client's model on its own held-out split, averaged over clients, "
+        f"mean of the last {LAST_ROUNDS} rounds; ± is the standard deviation over seeds (none with one seed). Worst client: the "
+        "lowest client accuracy of a round, same averaging. Gains are paired by seed. Global accuracy: the "
+        "shared model on the unified test set, only for methods that have one. Bytes: array payload per "
+        "trained client and round, training and evaluation messages together. A method that does not beat "
+        "Local-only is reported as losing.", "",
+        results_table(strategies, runs), "",
+        "## Heterogeneity", "",
+    ]
+    for seed, d in diagnosis.items():
+        parts += [f"Seed {seed}: mean pairwise Jensen-Shannon divergence of the client label distributions "
+                  f"= {d['mean_pairwise_jsd']:.3f} ({d['note']}). Labels per client:", "",
+                  histogram_table(np.asarray(d["label_histograms"])), ""]
+    path.write_text("\n".join(parts))
+
+
+def plot_curves(path: Path, strategies: list[str], runs: list[Run]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name in strategies:
+        curves: dict[int, list[float]] = {}
+        for r in runs:
+            if r.strategy == name and r.status == "ok":
+                for rec in r.rounds:
+                    if rec.get("acc_mean") is not None:
+                        curves.setdefault(rec["round"], []).append(rec["acc_mean"])
+        if curves:
+            xs = sorted(curves)
+            ax.plot(xs, [np.mean(curves[x]) for x in xs], marker="o", markersize=3, label=name)
+    ax.set_xlabel("round")
+    ax.set_ylabel("mean personalized accuracy")
+    ax.set_ylim(0, 1)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+# -- the app ------------------------------------------------------------------------------
+def bench(bench_cfg: dict[str, Any], task_overrides: list[str]) -> list[Run]:
+    strategies = [str(s) for s in bench_cfg["strategies"]]
+    seeds = [int(s) for s in bench_cfg["seeds"]]
+    if not strategies or len(set(strategies)) != len(strategies):
+        raise ConfigError(f"strategies must be a non-empty list without repeats, got {strategies}")
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise ConfigError(f"seeds must be a non-empty list without repeats, got {seeds}")
+    out_dir = Path(str(bench_cfg["out_dir"])).expanduser().resolve()
+    common, per_strategy = split_overrides(task_overrides)
+    presets = {name: experiment_config([*common, f"strategy={name}"])["strategy"] for name in strategies}
+    unused = sorted({o for key, o in per_strategy if not any(key in p for p in presets.values())})
+    if unused:
+        raise ConfigError(f"{unused}: no strategy in {strategies} has that key")
+
+    configs = {(name, seed): experiment_config([*run_overrides(common, per_strategy, name, presets[name]),
+                                                f"seed={seed}", f"out_dir={out_dir / name / f'seed{seed}'}"])
+               for seed in seeds for name in strategies}
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    diagnosis = {}
+    for seed in seeds:
+        cfg = configs[(strategies[0], seed)]
+        histograms = label_histograms(cfg)
+        jsd = mean_pairwise_jsd(histograms.astype(np.float64))
+        diagnosis[seed] = {"mean_pairwise_jsd": jsd, "note": heterogeneity_note(jsd),
+                           "label_histograms": histograms.tolist()}
+        print(f"[pfedes-bench] heterogeneity, seed {seed}: mean pairwise JSD of label distributions "
+              f"{jsd:.3f} ({heterogeneity_note(jsd)})\n{histogram_table(histograms)}", flush=True)
+    (out_dir / "heterogeneity.json").write_text(json.dumps(diagnosis, indent=2))
+
+    first = configs[(strategies[0], seeds[0])]
+    settings = {"seeds": seeds, "num_clients": first["num_clients"], "num_rounds": first["num_rounds"],
+                "devices": first["clients"]["devices"],
+                "data": f"{first['data']['path']}, {first['data']['partition']}, "
+                        f"{first['data']['samples_per_client']} samples per client"}
+    runs = [Run(name, seed, out_dir / name / f"seed{seed}") for seed in seeds for name in strategies]
+    for run in runs:
+        execute(run, configs[(run.strategy, run.seed)])
+        write_csv(out_dir / "results.csv", runs)
+        write_markdown(out_dir / "results.md", settings, strategies, runs, diagnosis)
+        plot_curves(out_dir / "curves.png", strategies, runs)
+    print(f"[pfedes-bench] wrote {out_dir}/results.md, results.csv, curves.png, heterogeneity.json\n\n"
+          + results_table(strategies, runs), flush=True)
+    return runs
+
+
+_COMMAND_LINE: dict[str, Any] = {}
+
+
+@hydra.main(config_path=str(conf_dir()), config_name="bench", version_base=None)
+def _hydra_main(cfg: DictConfig) -> None:
+    """Hydra parses the command line; the runs compose their own configs after it returns."""
+    from hydra.core.hydra_config import HydraConfig
+
+    _COMMAND_LINE.update(cfg=OmegaConf.to_container(cfg, resolve=True),
+                         overrides=list(HydraConfig.get().overrides.task))
+
+
+def main() -> None:
+    _COMMAND_LINE.clear()
+    _hydra_main()
+    if not _COMMAND_LINE:  # --help, --cfg and the like
+        return
+    from hydra.core.global_hydra import GlobalHydra
+
+    GlobalHydra.instance().clear()  # experiment_config composes each run's config
+    try:
+        runs = bench(_COMMAND_LINE["cfg"], _COMMAND_LINE["overrides"])
+    except ConfigError as exc:
+        sys.exit(f"pfedes-bench: {exc}")
+    failed = [f"{r.strategy} seed {r.seed}" for r in runs if r.status == "failed"]
+    if failed:
+        sys.exit(f"pfedes-bench: {len(failed)} run(s) failed: {', '.join(failed)} (see results.md)")
+
+
+if __name__ == "__main__":
+    main()
