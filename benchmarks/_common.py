@@ -1,0 +1,74 @@
+"""Shared by the benchmark scripts: the experiment from hydra overrides, results as JSON + a table."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+SHARED_CIFAR = ROOT.parent / "shared" / "data" / "cifar10"
+
+
+def default_data_path() -> str:
+    return str(SHARED_CIFAR) if (SHARED_CIFAR / "train.parquet").is_file() else "embedded"
+
+
+def experiment(overrides: list[str], **settings) -> dict:
+    """experiment_config with the benchmark's settings, then the user's command-line overrides."""
+    from pfedes.config import experiment_config
+
+    base = [f"{k}={v}" for k, v in settings.items()]
+    return experiment_config(base + list(overrides))
+
+
+def write_result(name: str, result: dict) -> Path:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    result = {"benchmark": name, "when": time.strftime("%Y-%m-%dT%H:%M:%S"),
+              "machine": {"cpus": os.cpu_count(), "python": platform.python_version()}, **result}
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps(result, indent=2))
+    return path
+
+
+def print_table(rows: list[dict], columns: list[str]) -> None:
+    widths = {c: max(len(c), *(len(fmt(r.get(c))) for r in rows)) for c in columns}
+    print("  ".join(c.ljust(widths[c]) for c in columns))
+    for r in rows:
+        print("  ".join(fmt(r.get(c)).ljust(widths[c]) for c in columns))
+
+
+def fmt(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.3f}"
+    return "-" if v is None else str(v)
+
+
+def rss_tree_bytes(pid: int) -> int:
+    """Resident memory of a process and all its descendants (from /proc)."""
+    total, stack = 0, [pid]
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+        except (OSError, IndexError, ValueError):
+            continue
+    seen = set()
+    while stack:
+        p = stack.pop()
+        if p in seen:
+            continue
+        seen.add(p)
+        try:
+            for line in Path(f"/proc/{p}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1]) * 1024
+        except OSError:
+            pass
+        stack.extend(children.get(p, []))
+    return total

@@ -1,0 +1,58 @@
+"""Local training throughput against the physical limit, per device profile: samples/s of the
+method's local training through the app (real data: decoding done once, batching, augmentation,
+the trainer) against the same trainer's steps on random tensors of the same shape (no data
+pipeline at all).
+
+    python benchmarks/throughput.py [hydra overrides]
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import torch
+
+from _common import default_data_path, experiment, print_table, write_result
+
+
+def main(argv: list[str]) -> None:
+    from pfedes.client_round import build_trainer, load_node_data
+    from pfedes.models import resolve_architecture
+
+    threads = os.cpu_count() or 1
+    torch.set_num_threads(threads)
+    cfg = experiment(argv, num_clients=10, **{"data.samples_per_client": 500,
+                                              "data.path": default_data_path()})
+    epochs = 3
+    rows = []
+    for p, device in enumerate(cfg["clients"]["devices"]):
+        arch = resolve_architecture(device, cfg["model"]["profiles"])
+        data = load_node_data(cfg, cfg["data"]["path"], p, int(cfg["num_clients"]))
+        trainer = build_trainer(cfg, arch, data.num_classes, p)
+        trainer.fit(data, torch.Generator().manual_seed(0))  # warm-up (allocator, past warm-up steps)
+        t0 = time.perf_counter()
+        for e in range(epochs):
+            trainer.fit(data, torch.Generator().manual_seed(e + 1))
+        app = epochs * data.num_train / (time.perf_counter() - t0)
+        bs = int(cfg["train"]["batch_size"])
+        n_batches = -(-data.num_train // bs)
+        x = torch.randn(bs, 3, 32, 32)
+        y = torch.randint(0, data.num_classes, (bs,))
+        trainer.model.train()
+        trainer.begin_round()
+        t0 = time.perf_counter()
+        for _ in range(epochs * n_batches):
+            trainer.train_step(x, y)
+        limit = epochs * n_batches * bs / (time.perf_counter() - t0)
+        rows.append({"device": device, "arch": arch, "app_samples_per_s": app,
+                     "random_tensor_samples_per_s": limit, "ratio": app / limit})
+    print_table(rows, ["device", "arch", "app_samples_per_s", "random_tensor_samples_per_s", "ratio"])
+    print(f"\nthreads {threads}; target ratio >= 0.85 per profile")
+    path = write_result("throughput", {"overrides": argv, "threads": threads, "rows": rows})
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
