@@ -8,15 +8,19 @@ what keeps simulation correct when a node's messages land on different Ray actor
 
 from __future__ import annotations
 
+import hashlib
 import os
 import tempfile
 from collections import OrderedDict
+from logging import INFO
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
+from flwr.common.logger import log
 
-CACHE_SIZE = 4  # trainers kept in memory per process; the rest live on disk only
+CACHE_SIZE = 16  # trainers kept in memory per process; the rest live on disk only
 
 
 def atomic_torch_save(obj: Any, path: Path) -> None:
@@ -32,6 +36,36 @@ def atomic_torch_save(obj: Any, path: Path) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def state_digest(state: Any) -> str:
+    """sha256 over a nested state (mappings in key order, sequences, tensors and arrays with
+    dtype and shape, scalars): equal digests mean bit-for-bit equal states. Tensors and numpy
+    arrays with the same dtype, shape and bytes hash alike."""
+    digest = hashlib.sha256()
+
+    def feed(value: Any) -> None:
+        if isinstance(value, torch.Tensor):
+            value = value.detach().cpu()
+            value = (value.view(torch.int16) if value.dtype == torch.bfloat16 else value).numpy()
+        if isinstance(value, np.ndarray):
+            value = np.ascontiguousarray(value)
+            digest.update(f"array {value.dtype.str} {value.shape}:".encode())
+            digest.update(value.tobytes())
+        elif isinstance(value, dict):
+            digest.update(f"dict {len(value)}:".encode())
+            for key in sorted(value, key=str):
+                digest.update(f"{key!r}=".encode())
+                feed(value[key])
+        elif isinstance(value, (list, tuple)):
+            digest.update(f"seq {len(value)}:".encode())
+            for item in value:
+                feed(item)
+        else:
+            digest.update(f"{type(value).__name__} {value!r};".encode())
+
+    feed(state)
+    return digest.hexdigest()
 
 
 class StateStore:
@@ -54,6 +88,8 @@ class StateStore:
             saved = torch.load(path, map_location="cpu", weights_only=False)
             trainer.load_state_dict(saved["trainer"])
             saved_version = int(saved["version"])
+            log(INFO, "[pfedes] restored private state v%d from %s (digest %s)", saved_version, path,
+                state_digest(trainer.state_dict()))
         self._remember(key, saved_version, trainer)
         return trainer, saved_version
 

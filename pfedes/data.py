@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import io
 import os
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -163,11 +164,45 @@ def decode_images(dataset, rows: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.stack(images)).permute(0, 3, 1, 2).contiguous()
 
 
-@functools.lru_cache(maxsize=8)
+class DecodedCache:
+    """Least-recently-used decoded client data, bounded by bytes (a process may serve many
+    clients in simulation; each one is decoded once while it fits)."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._items: OrderedDict[tuple, ClientData] = OrderedDict()
+
+    @staticmethod
+    def nbytes(data: ClientData) -> int:
+        return sum(t.numel() * t.element_size() for t in (data.x_train, data.y_train, data.x_test, data.y_test))
+
+    def get_or_load(self, key: tuple, load) -> ClientData:
+        if key in self._items:
+            self._items.move_to_end(key)
+            return self._items[key]
+        data = load()
+        self._items[key] = data
+        while len(self._items) > 1 and sum(map(self.nbytes, self._items.values())) > self.max_bytes:
+            self._items.popitem(last=False)
+        return data
+
+
+DECODED = DecodedCache(int(os.environ.get("PFEDES_DATA_CACHE_MB", "512")) * 2**20)
+
+
 def load_client_data(path: str, partition: str, num_partitions: int, partition_id: int, seed: int,
                      classes_per_client: int = 2, alpha: float = 0.3, samples_per_client: int = 0,
                      test_fraction: float = 0.2) -> ClientData:
-    """One client's local train/test data, decoded (cached per process)."""
+    """One client's local train/test data, decoded once per process while the cache holds it
+    (PFEDES_DATA_CACHE_MB, default 512 MB)."""
+    key = (path, partition, num_partitions, partition_id, seed, classes_per_client, float(alpha),
+           samples_per_client, float(test_fraction))
+    return DECODED.get_or_load(key, lambda: _load_client_data(*key))
+
+
+def _load_client_data(path: str, partition: str, num_partitions: int, partition_id: int, seed: int,
+                      classes_per_client: int, alpha: float, samples_per_client: int,
+                      test_fraction: float) -> ClientData:
     train_table = load_split(path, "train")
     if num_partitions == 1:
         rows = np.arange(len(train_table))
