@@ -17,14 +17,18 @@ import functools
 import json
 import os
 from dataclasses import dataclass
+from logging import ERROR
 from pathlib import Path
 from typing import Any
 
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
+from flwr.common.constant import ErrorCode
+from flwr.common.logger import log
 from .client_round import build_trainer, evaluate_round, load_node_data, train_round
 from .client_state import StateStore
+from .data import DataError
 from .models import resolve_architecture
 
 app = ClientApp()
@@ -108,11 +112,27 @@ def _setup(msg: Message, context: Context):
     return cfg, node, data, trainer, version
 
 
+def _setup_errors_as_replies(handler):
+    """A node-config or data error ends this ClientApp with one log line that names the key, and
+    with an error reply: the server drops it with a warning and the round goes on without it."""
+
+    @functools.wraps(handler)
+    def wrapper(msg: Message, context: Context) -> Message:
+        try:
+            return handler(msg, context)
+        except (NodeConfigError, DataError) as exc:
+            log(ERROR, "pfedes ClientApp: %s", exc)
+            return Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=str(exc)), reply_to=msg)
+
+    return wrapper
+
+
 def _info(node: Node) -> ConfigRecord:
     return ConfigRecord({"device": node.device, "arch": node.arch, "partition-id": node.partition_id})
 
 
 @app.train()
+@_setup_errors_as_replies
 def train(msg: Message, context: Context) -> Message:
     cfg, node, data, trainer, version = _setup(msg, context)
     arrays = msg.content.array_records.get("arrays", ArrayRecord())
@@ -128,6 +148,7 @@ def train(msg: Message, context: Context) -> Message:
 
 
 @app.evaluate()
+@_setup_errors_as_replies
 def evaluate(msg: Message, context: Context) -> Message:
     _, node, data, trainer, _ = _setup(msg, context)
     arrays = msg.content.array_records.get("arrays", ArrayRecord())

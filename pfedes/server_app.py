@@ -17,7 +17,7 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 from hydra.utils import get_class
 
-from .client_state import atomic_torch_save
+from .client_state import atomic_torch_save, state_digest
 from .config import ConfigError, experiment_config, overrides_from_run_config
 from .data import load_split, load_unified_test, num_classes_of
 from .models import resolve_architecture
@@ -88,7 +88,8 @@ def run_experiment(grid: Grid, cfg: dict[str, Any]) -> dict[str, Any]:
         initial = {k: torch.from_numpy(np.asarray(v)) for k, v in checkpoint["arrays"].items()}
         strategy.load_state_dict(checkpoint["strategy"])
         strategy.round_offset = done
-        log(INFO, "[pfedes] resuming after round %d from %s", done, checkpoint_path)
+        log(INFO, "[pfedes] resuming after round %d from %s (shared digest %s)", done, checkpoint_path,
+            state_digest(initial))
     recorder = RunRecorder(out_dir, cfg, resume_rounds=previous_rounds)
     global_model = (trainer_cls(cfg, archs[0], num_classes, seed=int(cfg["seed"]))
                     if trainer_cls.has_global_model else None)
