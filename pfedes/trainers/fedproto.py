@@ -59,6 +59,7 @@ class ClassPayloadTrainer(Trainer):
 
     def fit(self, data, generator: torch.Generator) -> dict[str, float]:
         metrics = super().fit(data, generator)
+        self.exchange.eval()  # BatchNorm statistics as at inference, and left unchanged
         self.upload = local_class_means(self.class_output, data.x_train, data.y_train, self.num_classes)
         return metrics
 
