@@ -92,7 +92,8 @@ def weighted_class_average(payloads: list[tuple[dict[int, np.ndarray], np.ndarra
 
 @torch.no_grad()
 def local_class_means(output: Callable[[torch.Tensor], torch.Tensor], x_uint8: torch.Tensor,
-                      labels: torch.Tensor, num_classes: int, batch_size: int = 256) -> dict[str, torch.Tensor]:
+                      labels: torch.Tensor, num_classes: int,
+                      batch_size: int = 256) -> dict[str, torch.Tensor]:
     """A client's payload: the per-class mean of `output(x)` over its samples (no augmentation)."""
     sums, counts = None, torch.zeros(num_classes, dtype=torch.int64)
     for x, y in batches(x_uint8, labels, batch_size, None, train=False, do_augment=False):

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from conftest import make_cfg
-from pfedes.class_payload import local_class_means, weighted_class_average
+from pfedes.class_payload import weighted_class_average
 from pfedes.data import to_input
 from pfedes.trainers.base import SharedStateError
 from pfedes.trainers.fd import FDTrainer

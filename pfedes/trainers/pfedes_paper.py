@@ -27,7 +27,8 @@ class PFedESPaperTrainer(Trainer):
         self.generator = ConvGenerator()
         self.exchange["proxy"] = self.generator
         s = self.cfg["strategy"]
-        self.mu, self.generator_epochs, self.grad_clip = float(s["mu"]), int(s["generator_epochs"]), float(s["grad_clip"])
+        self.mu, self.generator_epochs = float(s["mu"]), int(s["generator_epochs"])
+        self.grad_clip = float(s["grad_clip"])
         if not 0.0 < self.mu <= 1.0:
             raise ValueError(f"strategy.mu must be in (0, 1], got {self.mu}")
         if self.generator_epochs < 1:
