@@ -7,8 +7,11 @@ comes back and restores its private model from disk, and two misconfigured devic
 """
 
 import json
+import re
+import shlex
 import shutil
 import subprocess
+import tomllib
 from pathlib import Path
 
 import numpy as np
@@ -181,26 +184,48 @@ def test_make_certs_rejects_a_bad_node_name(tmp_path):
 COMPOSE = ROOT / "docker" / "compose.yml"
 
 
-def test_compose_starts_a_tls_superlink_and_one_supernode_per_device():
-    compose = yaml.safe_load(COMPOSE.read_text())
-    services = compose["services"]
+def flwr_version() -> str:
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    return next(d.split("==")[1] for d in deps if d.startswith("flwr[") or d.startswith("flwr=="))
+
+
+def parse_node_config(text: str) -> dict[str, str]:
+    return dict(pair.split("=", 1) for pair in shlex.split(text))
+
+
+def volume_paths(volume: str) -> tuple[str, str]:
+    """(host, container) of a short-syntax volume; the host part may hold ${VAR:-default}."""
+    volume = re.sub(r":(ro|rw)$", "", volume)
+    host, container = volume.rsplit(":", 1)
+    return host, container
+
+
+def test_compose_runs_tls_and_node_auth_with_one_data_and_state_volume_per_device():
+    services = yaml.safe_load(COMPOSE.read_text())["services"]
+    version = flwr_version()
     link = services["superlink"]
+    assert link["image"] == f"flwr/superlink:{version}"
     assert "--insecure" not in link["command"] and "--enable-supernode-auth" in link["command"]
-    assert "--ssl-certfile" in link["command"]
-    nodes = {name: s for name, s in services.items() if "flower-supernode" in str(s.get("entrypoint", ""))
-             or "supernode" in name}
-    devices = {}
-    for name, service in nodes.items():
-        command = " ".join(service["command"])
-        assert "--insecure" not in command and "--root-certificates" in command, name
-        assert "--auth-supernode-private-key" in command, name
-        assert "superlink:8000" in command, name
-        device = command.split("device=")[1].split()[0].strip("'\"")
-        devices[device] = {str(v).split(":")[0] for v in service["volumes"]}
-    assert set(devices) == set(DEVICES)
-    data_volumes = [v for vols in devices.values() for v in vols if "data" in v]
-    state_volumes = [v for vols in devices.values() for v in vols if "state" in v]
-    assert len(set(data_volumes)) == len(set(state_volumes)) == len(DEVICES)  # one of each per device
+    assert {"--ssl-ca-certfile", "--ssl-certfile", "--ssl-keyfile"} <= set(link["command"])
+    assert link["ports"] == ["8000:8000"]
+    assert services["superexec-serverapp"]["build"]["args"]["FLWR_VERSION"] == version
+    assert re.search(rf"ARG FLWR_VERSION={re.escape(version)}\nFROM flwr/superexec:\$\{{FLWR_VERSION\}}",
+                     (ROOT / "docker" / "Dockerfile").read_text())
+    host_dirs = []
+    for device in DEVICES:
+        node, executor = services[f"supernode-{device}"], services[f"superexec-{device}"]
+        assert node["image"] == f"flwr/supernode:{version}"
+        args = node["command"]
+        assert "--insecure" not in args and "--root-certificates" in args
+        assert args[args.index("--superlink") + 1] == "superlink:8000"
+        assert args[args.index("--auth-supernode-private-key") + 1]
+        config = parse_node_config(args[args.index("--node-config") + 1])
+        assert config["device"] == device
+        # The ClientApp runs in the SuperExec container: the node-config paths are mounted there.
+        mounts = dict(reversed(volume_paths(v)) for v in executor["volumes"])
+        assert config["data-path"] in mounts and config["state-dir"] in mounts
+        host_dirs += [mounts[config["data-path"]], mounts[config["state-dir"]]]
+    assert len(set(host_dirs)) == 2 * len(DEVICES)  # nothing shared between devices
 
 
 @pytest.mark.skipif(not (shutil.which("docker-compose") or shutil.which("docker")),
