@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable
-from logging import INFO, WARNING
+from logging import WARNING
 from typing import Any
 
 import numpy as np
@@ -149,25 +149,37 @@ class PersonalizedStrategy(FedAvg):
         self.round_stats["bytes_down"] += arrays_nbytes(arrays) * len(messages)
         return messages
 
-    def aggregate_train(self, server_round: int, replies: Iterable[Message]
-                        ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        server_round = self.absolute_round(server_round)
+    def reply_problem(self, msg: Message) -> str | None:
+        """Why a train reply cannot be aggregated (None if it can); methods whose replies are
+        not the shared entries override this."""
+        return reply_problem(msg, self.current)
+
+    def accepted_replies(self, server_round: int, replies: Iterable[Message]) -> list[Message]:
+        """Count the bytes received, drop bad replies with a warning naming the node and the
+        reason, and order the rest by client (so arrival order cannot change the aggregate)."""
         good: list[Message] = []
         for msg in replies:
             if not msg.has_error():
                 for record in msg.content.array_records.values():
                     self.round_stats["bytes_up"] += arrays_nbytes(record)
-            problem = reply_problem(msg, self.current)
+            problem = self.reply_problem(msg)
             if problem:
                 self.round_stats["clients_dropped"] += 1
                 log(WARNING, "round %d: dropped the reply of node %d: %s", server_round,
                     msg.metadata.src_node_id, problem)
                 continue
             good.append(msg)
-        good.sort(key=reply_order)  # aggregation must not depend on the order replies arrive in
+        good.sort(key=reply_order)
         self.round_stats["clients_trained"] = len(good)
         if not good:
-            log(WARNING, "round %d: no usable train reply; the shared model is unchanged", server_round)
+            log(WARNING, "round %d: no usable train reply; the shared state is unchanged", server_round)
+        return good
+
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]
+                        ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        server_round = self.absolute_round(server_round)
+        good = self.accepted_replies(server_round, replies)
+        if not good:
             return None, None
         weights = [float(next(iter(m.content.metric_records.values()))[WEIGHT_KEY]) for m in good]
         metrics = [dict(next(iter(m.content.metric_records.values()))) for m in good]

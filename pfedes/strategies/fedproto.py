@@ -9,16 +9,14 @@ with a warning naming the node, and the round goes on.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from logging import WARNING
 from typing import Any
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, Message, MetricRecord
-from flwr.common.logger import log
 
 from ..class_payload import counts_problem, decode, expected_payload, weighted_class_average
 from ..data import load_split, num_classes_of
-from .base import WEIGHT_KEY, PersonalizedStrategy, arrays_nbytes, reply_problem, weighted_metrics
+from .base import WEIGHT_KEY, PersonalizedStrategy, reply_problem, weighted_metrics
 
 
 def class_reply_problem(msg: Message, num_classes: int, dim: int) -> str | None:
@@ -45,24 +43,14 @@ class ClassPayloadStrategy(PersonalizedStrategy):
     def payload_dim(self) -> int:
         raise NotImplementedError
 
+    def reply_problem(self, msg: Message) -> str | None:
+        return class_reply_problem(msg, self.num_classes, self.payload_dim)
+
     def aggregate_train(self, server_round: int, replies: Iterable[Message]
                         ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         server_round = self.absolute_round(server_round)
-        good: list[Message] = []
-        for msg in replies:
-            if not msg.has_error():
-                for record in msg.content.array_records.values():
-                    self.round_stats["bytes_up"] += arrays_nbytes(record)
-            problem = class_reply_problem(msg, self.num_classes, self.payload_dim)
-            if problem:
-                self.round_stats["clients_dropped"] += 1
-                log(WARNING, "round %d: dropped the reply of node %d: %s", server_round,
-                    msg.metadata.src_node_id, problem)
-                continue
-            good.append(msg)
-        self.round_stats["clients_trained"] = len(good)
+        good = self.accepted_replies(server_round, replies)
         if not good:
-            log(WARNING, "round %d: no usable train reply; the shared state is unchanged", server_round)
             return None, None
         records = [dict(next(iter(m.content.metric_records.values()))) for m in good]
         weights = [float(r[WEIGHT_KEY]) for r in records]
