@@ -1,0 +1,115 @@
+"""pfedes-bench: the heterogeneity figures, the comparison table, and one end-to-end run."""
+
+import csv
+import json
+import os
+import shutil
+import subprocess
+import sys
+from importlib.metadata import entry_points
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import make_cfg
+from pfedes.bench import (Run, execute, js_divergence, mean_pairwise_jsd, needs_one_architecture, results_table,
+                          split_overrides)
+from pfedes.config import ConfigError
+
+
+def test_jensen_shannon_divergence_on_hand_computed_values():
+    assert js_divergence(np.array([1.0, 0.0]), np.array([0.0, 1.0])) == pytest.approx(1.0)
+    assert js_divergence(np.array([3.0, 1.0]), np.array([6.0, 2.0])) == pytest.approx(0.0)
+    # p = (.5, .5), q = (1, 0), m = (.75, .25): KL(p||m) = .5 log2(2/3) + .5 log2(2) = 0.207519,
+    # KL(q||m) = log2(4/3) = 0.415037; JSD = (0.207519 + 0.415037) / 2
+    assert js_divergence(np.array([5.0, 5.0]), np.array([2.0, 0.0])) == pytest.approx(0.311278, abs=1e-6)
+    hist = np.array([[4.0, 0.0], [0.0, 4.0], [2.0, 2.0]])
+    assert mean_pairwise_jsd(hist) == pytest.approx((1.0 + 2 * 0.311278) / 3, abs=1e-6)
+
+
+def test_bench_keys_are_taken_out_and_strategy_keys_go_only_where_a_preset_has_them():
+    common, per = split_overrides(["strategies=[local,fedprox]", "seeds=[0,1]", "out_dir=x", "num_rounds=3",
+                                   "strategy.mu=0.1", "data.samples_per_client=50"])
+    assert common == ["num_rounds=3", "data.samples_per_client=50"]
+    assert per == [("mu", "strategy.mu=0.1")]
+    with pytest.raises(ConfigError, match="strategies"):
+        split_overrides(["strategy=fedavg"])
+    with pytest.raises(ConfigError, match="seeds"):
+        split_overrides(["seed=1"])
+
+
+def fake_run(name, seed, accs, worst=None, **extra):
+    rounds = [{"round": i + 1, "acc_mean": a, "acc_worst": (worst or a) - 0.1, "bytes_up_per_client": 100,
+               "bytes_down_per_client": 200, "seconds": 1.0, **extra} for i, a in enumerate(accs)]
+    return Run(name, seed, Path("/nowhere"), status="ok", rounds=rounds)
+
+
+def row(table, name):
+    return next(line for line in table.splitlines() if line.startswith(f"| {name} |")).split(" | ")
+
+
+def test_table_means_the_last_five_rounds_pairs_gains_by_seed_and_reports_losers():
+    runs = [fake_run("local", 0, [0.0, 0.5, 0.5, 0.5, 0.5, 0.5]), fake_run("local", 1, [0.0, 0.7, 0.7, 0.7, 0.7, 0.7]),
+            fake_run("fedavg", 0, [0.9, 0.4, 0.4, 0.4, 0.4, 0.4], global_acc=0.3),
+            fake_run("fedavg", 1, [0.9, 0.6, 0.6, 0.6, 0.6, 0.6], global_acc=0.5),
+            fake_run("good", 0, [0.6] * 6), fake_run("good", 1, [0.8] * 6),
+            Run("homog", 0, Path("/nowhere"), status="skipped", note="needs one architecture (x)")]
+    table = results_table(["local", "fedavg", "good", "homog"], runs)
+    fedavg = row(table, "fedavg")
+    assert fedavg[1] == "50.0 ± 14.1"      # mean of 0.4 and 0.6; sample std 0.1414
+    assert fedavg[3] == "-10.0 ± 0.0"      # 0.4 - 0.5 and 0.6 - 0.7
+    assert fedavg[5] == "40.0 ± 14.1"      # global accuracy, only where reported
+    assert "**loses**" in fedavg[-1]
+    good = row(table, "good")
+    assert good[3] == "+10.0 ± 0.0" and good[4] == "+20.0 ± 0.0" and "beats" in good[-1]
+    assert good[5] == "—"                  # no global model
+    assert row(table, "local")[-1].startswith("reference")
+    assert "needs one architecture" in row(table, "homog")[1]
+    equal = results_table(["local", "tie"], runs[:2] + [fake_run("tie", 0, [0.5] * 5)])
+    assert "**loses**" in row(equal, "tie")[-1]  # not beating Local-only is losing
+
+
+def test_a_homogeneous_method_is_skipped_on_mixed_devices_without_running(tmp_path):
+    cfg = make_cfg("strategy=fedavg", "clients.devices=[phone,gateway]", f"out_dir={tmp_path}")
+    assert "needs one architecture" in needs_one_architecture(cfg)
+    run = Run("fedavg", 0, tmp_path)
+    execute(run, cfg)
+    assert run.status == "skipped" and not (tmp_path / "metrics.jsonl").exists()
+    assert needs_one_architecture(make_cfg("strategy=local", "clients.devices=[phone,gateway]")) is None
+
+
+def test_the_console_script_is_the_bench():
+    scripts = {e.name: e.value for e in entry_points(group="console_scripts")}
+    assert scripts.get("pfedes-bench") == "pfedes.bench:main"
+
+
+@pytest.mark.slow
+def test_pfedes_bench_end_to_end_two_strategies_two_rounds(tmp_path):
+    out = tmp_path / "bench"
+    command = [shutil.which("pfedes-bench")] if shutil.which("pfedes-bench") else [sys.executable, "-m", "pfedes.bench"]
+    args = ["strategies=[local,fedavg]", "seeds=[0]", "num_clients=2", "num_rounds=2", "clients.devices=[phone]",
+            "data.samples_per_client=150", f"out_dir={out}"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    result = subprocess.run(command + args, capture_output=True, text=True, env=env, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "mean pairwise JSD" in result.stdout
+    rows = list(csv.DictReader((out / "results.csv").open()))
+    assert [(r["strategy"], r["seed"], r["status"]) for r in rows] == [("local", "0", "ok"), ("fedavg", "0", "ok")]
+    for r in rows:
+        assert 0.0 <= float(r["acc_worst_last"]) <= float(r["acc_mean_last"]) <= 1.0
+        assert int(r["rounds"]) == 2
+    fedavg = rows[1]
+    assert float(fedavg["bytes_up_per_client_round"]) > 0 and fedavg["global_acc_last"] != ""
+    assert float(rows[0]["bytes_up_per_client_round"]) == 0 and rows[0]["global_acc_last"] == ""
+    assert float(fedavg["gain_vs_local"]) == pytest.approx(float(fedavg["acc_mean_last"]) - float(rows[0]["acc_mean_last"]))
+    md = (out / "results.md").read_text()
+    assert "| local |" in md and "| fedavg |" in md and "Jensen-Shannon" in md
+    assert (out / "curves.png").stat().st_size > 0
+    diagnosis = json.loads((out / "heterogeneity.json").read_text())
+    assert np.asarray(diagnosis["0"]["label_histograms"]).sum() == 2 * 150
+    # The identical partition and local splits: both runs saw the same clients with the same test sizes.
+    summaries = [json.loads((out / s / "seed0" / "summary.json").read_text()) for s in ("local", "fedavg")]
+    assert summaries[0]["config"]["data"] == summaries[1]["config"]["data"]
+    sizes = [{k: v for k, v in s["final"]["acc_by_client"].items()} for s in summaries]
+    assert set(sizes[0]) == set(sizes[1]) == {"0", "1"}
