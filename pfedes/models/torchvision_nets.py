@@ -1,7 +1,6 @@
 """Torchvision architectures adapted to 32x32 inputs (no pretrained weights: nothing is downloaded)."""
 
 from torch import nn
-from torchvision import models as tvm
 
 
 class TorchvisionBackbone(nn.Module):
@@ -9,6 +8,10 @@ class TorchvisionBackbone(nn.Module):
 
     def __init__(self, name: str, feature_dim: int = 256) -> None:
         super().__init__()
+        # Imported here: torchvision.models costs seconds of start-up (it pulls in torch._dynamo),
+        # which every ClientApp process of a deployment would pay even for the other architectures.
+        from torchvision import models as tvm
+
         if name == "resnet18":
             net = tvm.resnet18(weights=None)
             # 32x32 inputs: 3x3 stride-1 stem and no max-pooling, as in the CIFAR ResNets.
