@@ -108,7 +108,8 @@ def _setup(msg: Message, context: Context):
     known = context.state.config_records.get(VERSION_KEY)
     version = int(known["version"]) if known is not None else None
     trainer, version = STORE.get(node.state_file, version,
-                                 lambda: build_trainer(cfg, node.arch, data.num_classes, node.partition_id))
+                                 lambda: build_trainer(cfg, node.arch, data.num_classes, node.partition_id),
+                                 cfg.get("run_token", ""))
     return cfg, node, data, trainer, version
 
 
@@ -140,7 +141,7 @@ def train(msg: Message, context: Context) -> Message:
     shared, metrics = train_round(trainer, arrays.to_torch_state_dict(), data, cfg,
                                   node.partition_id, server_round)
     version += 1
-    STORE.save(node.state_file, trainer, version)
+    STORE.save(node.state_file, trainer, version, cfg.get("run_token", ""))
     context.state[VERSION_KEY] = ConfigRecord({"version": version})
     content = RecordDict({"arrays": ArrayRecord(shared), "metrics": MetricRecord(metrics),
                           "info": _info(node)})

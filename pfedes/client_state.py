@@ -73,11 +73,14 @@ class StateStore:
 
     def __init__(self, capacity: int = CACHE_SIZE) -> None:
         self.capacity = capacity
-        self._cache: OrderedDict[str, tuple[int, Any]] = OrderedDict()
+        self._cache: OrderedDict[tuple[str, str], tuple[int, Any]] = OrderedDict()
 
-    def get(self, path: Path, version: int | None, build):
-        """The trainer for `path`: cached if at `version`, else loaded from disk, else `build()`."""
-        key = str(path)
+    def get(self, path: Path, version: int | None, build, run_token: str = ""):
+        """The trainer for `path`: cached if at `version`, else loaded from disk, else `build()`.
+
+        `run_token` names the training run (kept across client restarts and `resume=true`, new
+        for a fresh run): a saved state of another run is left alone and training starts fresh."""
+        key = (str(path), run_token)
         cached = self._cache.get(key)
         if cached is not None and version is not None and cached[0] == version:
             self._cache.move_to_end(key)
@@ -86,18 +89,22 @@ class StateStore:
         saved_version = 0
         if path.is_file():
             saved = torch.load(path, map_location="cpu", weights_only=False)
-            trainer.load_state_dict(saved["trainer"])
-            saved_version = int(saved["version"])
-            log(INFO, "[pfedes] restored private state v%d from %s (digest %s)", saved_version, path,
-                state_digest(trainer.state_dict()))
+            if saved.get("run_token", "") == run_token:
+                trainer.load_state_dict(saved["trainer"])
+                saved_version = int(saved["version"])
+                log(INFO, "[pfedes] restored private state v%d from %s (digest %s)", saved_version,
+                    path, state_digest(trainer.state_dict()))
+            else:
+                log(INFO, "[pfedes] %s belongs to another run: starting from a fresh model", path)
         self._remember(key, saved_version, trainer)
         return trainer, saved_version
 
-    def save(self, path: Path, trainer, version: int) -> None:
-        atomic_torch_save({"version": version, "trainer": trainer.state_dict()}, path)
-        self._remember(str(path), version, trainer)
+    def save(self, path: Path, trainer, version: int, run_token: str = "") -> None:
+        atomic_torch_save({"version": version, "run_token": run_token, "trainer": trainer.state_dict()},
+                          path)
+        self._remember((str(path), run_token), version, trainer)
 
-    def _remember(self, key: str, version: int, trainer) -> None:
+    def _remember(self, key: tuple[str, str], version: int, trainer) -> None:
         self._cache[key] = (version, trainer)
         self._cache.move_to_end(key)
         while len(self._cache) > self.capacity:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import uuid
 from logging import INFO
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,7 @@ from .strategies.base import experiment_json
 app = ServerApp()
 CHECKPOINT = "server_checkpoint.pt"
 # Keys that may differ between a run and its resumption.
-RESUME_FREE_KEYS = ("num_rounds", "resume")
+RESUME_FREE_KEYS = ("num_rounds", "resume", "run_token")
 
 
 @app.main()
@@ -55,7 +56,7 @@ def save_checkpoint(path: Path, server_round: int, arrays: ArrayRecord, strategy
     atomic_torch_save({"round": server_round,
                        "arrays": {k: v.numpy() for k, v in arrays.items()},
                        "strategy": strategy.state_dict(), "rounds": rounds,
-                       "fingerprint": config_fingerprint(cfg)}, path)
+                       "fingerprint": config_fingerprint(cfg), "run_token": cfg["run_token"]}, path)
 
 
 def load_checkpoint(path: Path, cfg: dict[str, Any]) -> dict[str, Any]:
@@ -82,8 +83,12 @@ def run_experiment(grid: Grid, cfg: dict[str, Any]) -> dict[str, Any]:
     strategy = strategy_cls(cfg)
     checkpoint_path = out_dir / CHECKPOINT
     done, previous_rounds = 0, None
+    # Clients keep their private state only within one run: a fresh run gets a new token, a
+    # resumed one the checkpoint's, so a restarted client restores and a new run starts clean.
+    cfg["run_token"] = uuid.uuid4().hex
     if cfg.get("resume"):
         checkpoint = load_checkpoint(checkpoint_path, cfg)
+        cfg["run_token"] = checkpoint["run_token"]
         done, previous_rounds = int(checkpoint["round"]), checkpoint["rounds"]
         initial = {k: torch.from_numpy(np.asarray(v)) for k, v in checkpoint["arrays"].items()}
         strategy.load_state_dict(checkpoint["strategy"])

@@ -1,0 +1,50 @@
+"""Private client state on disk: atomic writes, restore within a run, never across runs."""
+
+import torch
+
+from conftest import make_cfg
+from pfedes.client_state import StateStore, atomic_torch_save
+from pfedes.trainers.pfedes import PFedESTrainer
+
+
+def trainer():
+    return PFedESTrainer(make_cfg(), "cnn3", 10, seed=0)
+
+
+def trained(small_data):
+    t = trainer()
+    t.fit(small_data, torch.Generator().manual_seed(0))
+    return t
+
+
+def test_a_restarted_client_restores_its_state_bit_for_bit(tmp_path, small_data):
+    path = tmp_path / "p0.pt"
+    original = trained(small_data)
+    StateStore().save(path, original, version=3, run_token="run-a")
+    restored, version = StateStore().get(path, None, trainer, run_token="run-a")  # a new process
+    assert version == 3 and restored.steps == original.steps
+    for key, value in original.state_dict()["exchange"].items():
+        assert torch.equal(value, restored.state_dict()["exchange"][key]), key
+
+
+def test_a_new_run_does_not_pick_up_the_state_of_an_old_one(tmp_path, small_data):
+    path = tmp_path / "p0.pt"
+    StateStore().save(path, trained(small_data), version=3, run_token="old-run")
+    fresh, version = StateStore().get(path, None, trainer, run_token="new-run")
+    assert version == 0 and fresh.steps == 0
+
+
+def test_a_failed_write_leaves_the_previous_file_intact(tmp_path):
+    path = tmp_path / "state.pt"
+    atomic_torch_save({"v": 1}, path)
+
+    class Unpicklable:
+        def __reduce__(self):
+            raise RuntimeError("crash mid-write")
+
+    try:
+        atomic_torch_save({"v": Unpicklable()}, path)
+    except RuntimeError:
+        pass
+    assert torch.load(path, weights_only=False) == {"v": 1}
+    assert [p.name for p in tmp_path.iterdir()] == ["state.pt"]
