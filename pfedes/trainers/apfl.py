@@ -12,17 +12,14 @@ of the first global model the client receives. BatchNorm running statistics of v
 
 from __future__ import annotations
 
-import copy
-from typing import Any
-
 import torch
 from torch.func import functional_call
 from torch.nn import functional as F
 
-from .fedavg import FedAvgTrainer
+from .personal import PersonalModelTrainer
 
 
-class APFLTrainer(FedAvgTrainer):
+class APFLTrainer(PersonalModelTrainer):
     def build_extra_modules(self) -> None:
         super().build_extra_modules()
         s = self.cfg["strategy"]
@@ -30,19 +27,7 @@ class APFLTrainer(FedAvgTrainer):
         if not 0.0 <= alpha <= 1.0:
             raise ValueError(f"strategy.alpha_init must be in [0, 1], got {alpha}")
         self.alpha_lr = float(self.cfg["train"]["lr"]) if s.get("alpha_lr") is None else float(s["alpha_lr"])
-        personal = copy.deepcopy(self.model)
-        personal.register_buffer("alpha", torch.tensor(alpha))
-        personal.register_buffer("initialised", torch.zeros((), dtype=torch.bool))
-        self.private["personal"] = self.personal = personal
-        train = self.cfg["train"]
-        self.personal_optimizer = torch.optim.SGD(self.personal.parameters(), lr=train["lr"],
-                                                  momentum=train["momentum"],
-                                                  weight_decay=train["weight_decay"])
-
-    def begin_round(self) -> None:
-        if not bool(self.personal.initialised):
-            self.personal.load_state_dict(self.model.state_dict(), strict=False)
-            self.personal.initialised.fill_(True)
+        self.personal.register_buffer("alpha", torch.tensor(alpha))
 
     def mixed_logits(self, x: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
         """v_bar(x): alpha * v + (1 - alpha) * w, with w held fixed."""
@@ -65,13 +50,3 @@ class APFLTrainer(FedAvgTrainer):
 
     def predict(self, x: torch.Tensor) -> torch.Tensor:
         return self.mixed_logits(x, self.personal.alpha)
-
-    def global_predict(self, x: torch.Tensor) -> torch.Tensor:
-        return self.model(x)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "personal_optimizer": self.personal_optimizer.state_dict()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        super().load_state_dict(state)
-        self.personal_optimizer.load_state_dict(state["personal_optimizer"])

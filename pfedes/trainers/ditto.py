@@ -9,33 +9,21 @@ v starts as a copy of the first global model the client receives.
 
 from __future__ import annotations
 
-import copy
-from typing import Any
-
 import torch
 from torch.nn import functional as F
 
-from .fedavg import FedAvgTrainer
+from .personal import PersonalModelTrainer
 
 
-class DittoTrainer(FedAvgTrainer):
+class DittoTrainer(PersonalModelTrainer):
     def build_extra_modules(self) -> None:
         super().build_extra_modules()
         self.lam = float(self.cfg["strategy"]["lam"])
         if self.lam < 0:
             raise ValueError(f"strategy.lam must be >= 0, got {self.lam}")
-        self.private["personal"] = copy.deepcopy(self.model)
-        self.personal = self.private["personal"]
-        self.personal.register_buffer("initialised", torch.zeros((), dtype=torch.bool))
-        train = self.cfg["train"]
-        self.personal_optimizer = torch.optim.SGD(self.personal.parameters(), lr=train["lr"],
-                                                  momentum=train["momentum"],
-                                                  weight_decay=train["weight_decay"])
 
     def begin_round(self) -> None:
-        if not bool(self.personal.initialised):
-            self.personal.load_state_dict(self.model.state_dict(), strict=False)
-            self.personal.initialised.fill_(True)
+        super().begin_round()
         self.round_global = {k: p.detach().clone() for k, p in self.model.named_parameters()}
 
     def train_step(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
@@ -51,13 +39,3 @@ class DittoTrainer(FedAvgTrainer):
 
     def predict(self, x: torch.Tensor) -> torch.Tensor:
         return self.personal(x)
-
-    def global_predict(self, x: torch.Tensor) -> torch.Tensor:
-        return self.model(x)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "personal_optimizer": self.personal_optimizer.state_dict()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        super().load_state_dict(state)
-        self.personal_optimizer.load_state_dict(state["personal_optimizer"])
