@@ -14,12 +14,10 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -82,7 +80,6 @@ class LocalDeployment:
         self.log_files: dict[str, list[Path]] = {}
         self.env = dict(os.environ,
                         FLWR_HOME=str(self.root / "flwr-cli"),
-                        FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
                         FLWR_DISABLE_UPDATE_CHECK="1",
                         FLWR_TELEMETRY_ENABLED="0",
                         HF_HUB_OFFLINE="1",
@@ -136,7 +133,7 @@ class LocalDeployment:
 
     def start_superlink(self, timeout: float = 60) -> None:
         cmd = ["flower-superlink", "--host", "127.0.0.1", "--port", str(self.port),
-               "--database", str(self.root / "superlink.db")]
+               "--database", str(self.root / "superlink.db"), "--disable-runtime-dependency-installation"]
         if self.tls:
             cmd += ["--ssl-ca-certfile", str(self.certs / "ca.crt"),
                     "--ssl-certfile", str(self.certs / "superlink.crt"),
@@ -257,9 +254,3 @@ class LocalDeployment:
         result = self.cli("log", str(run_id), CONNECTION, "--show", timeout=timeout, check=False)
         return result.stdout + result.stderr
 
-
-def python() -> str:
-    return sys.executable
-
-
-ROUND_LINE = re.compile(r"\[pfedes\] round (\d+)/(\d+)")
