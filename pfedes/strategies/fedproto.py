@@ -8,15 +8,14 @@ with a warning naming the node, and the round goes on.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, Message, MetricRecord
+from flwr.app import Message
 
 from ..class_payload import counts_problem, decode, expected_payload, weighted_class_average
 from ..data import load_split, num_classes_of
-from .base import WEIGHT_KEY, PersonalizedStrategy, reply_problem, weighted_metrics
+from .base import PersonalizedStrategy, reply_problem
 
 
 def class_reply_problem(msg: Message, num_classes: int, dim: int) -> str | None:
@@ -46,20 +45,9 @@ class ClassPayloadStrategy(PersonalizedStrategy):
     def reply_problem(self, msg: Message) -> str | None:
         return class_reply_problem(msg, self.num_classes, self.payload_dim)
 
-    def aggregate_train(self, server_round: int, replies: Iterable[Message]
-                        ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        server_round = self.absolute_round(server_round)
-        good = self.accepted_replies(server_round, replies)
-        if not good:
-            return None, None
-        records = [dict(next(iter(m.content.metric_records.values()))) for m in good]
-        weights = [float(r[WEIGHT_KEY]) for r in records]
-        self.round_stats["train"] = weighted_metrics(records, weights)
-        payloads = [decode({k: a.numpy() for k, a in next(iter(m.content.array_records.values())).items()})
-                    for m in good]
-        new = self.aggregate_payloads(server_round, payloads)
-        return (ArrayRecord({k: Array(v) for k, v in new.items()}),
-                MetricRecord(self.round_stats["train"]))
+    def aggregate_arrays(self, server_round: int, replies: list[Message],
+                         arrays: list[dict[str, np.ndarray]], weights: list[float]) -> dict[str, np.ndarray]:
+        return self.aggregate_payloads(server_round, [decode(a) for a in arrays])
 
     def aggregate_payloads(self, server_round: int,
                            payloads: list[tuple[dict[int, np.ndarray], np.ndarray]]) -> dict[str, np.ndarray]:
