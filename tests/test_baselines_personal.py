@@ -64,8 +64,9 @@ def test_ditto_initialises_v_only_once():
 
 # -- APFL -------------------------------------------------------------------------------------
 def test_apfl_updates_v_and_alpha_with_the_gradients_of_the_mixed_model():
-    alpha, lr = 0.3, 0.05
+    alpha = 0.3
     trainer = make("apfl", f"strategy.alpha_init={alpha}", *EXACT)
+    lr = float(trainer.cfg["train"]["lr"])  # alpha_lr defaults to train.lr
     trainer.begin_round()
     perturb(trainer.personal)
     w = {k: p.detach().clone() for k, p in trainer.model.named_parameters()}
