@@ -94,12 +94,14 @@ def plot_accuracy(rounds: list[dict[str, Any]], path: Path, title: str) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker  # noqa: F401  (MaxNLocator)
 
     xs = [r["round"] for r in rounds if r["acc_mean"] is not None]
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.plot(xs, [r["acc_mean"] for r in rounds if r["acc_mean"] is not None], marker="o", label="mean")
     ax.plot(xs, [r["acc_worst"] for r in rounds if r["acc_worst"] is not None], marker="s", label="worst client")
     ax.set_xlabel("round")
+    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     ax.set_ylabel("personalized accuracy (local test split)")
     ax.set_ylim(0, 1)
     ax.grid(alpha=0.3)
