@@ -26,6 +26,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, MetricR
 from flwr.clientapp import ClientApp
 from flwr.common.constant import ErrorCode
 from flwr.common.logger import log
+
 from .client_round import build_trainer, evaluate_round, load_node_data, train_round
 from .client_state import StateStore
 from .data import DataError
