@@ -46,11 +46,14 @@ class Trainer:
         self.build_extra_modules()
         self.share_spec = list(cfg["strategy"].get("share", []))
         self._shared_keys = shared_keys(self.exchange, self.share_spec)
-        train = cfg["train"]
-        self.optimizer = torch.optim.SGD(self.trainable_parameters(), lr=train["lr"],
-                                         momentum=train["momentum"],
-                                         weight_decay=train["weight_decay"])
+        self.optimizer = self.local_sgd(self.trainable_parameters())
         self.steps = 0
+
+    def local_sgd(self, params) -> torch.optim.SGD:
+        """The local optimiser every method uses (train.lr, momentum, weight_decay)."""
+        train = self.cfg["train"]
+        return torch.optim.SGD(params, lr=train["lr"], momentum=train["momentum"],
+                               weight_decay=train["weight_decay"])
 
     # -- hooks for subclasses -------------------------------------------------------------
     def build_extra_modules(self) -> None:

@@ -27,10 +27,7 @@ class FedRepTrainer(FedAvgTrainer):
         self.head_epochs = int(self.cfg["strategy"]["head_epochs"])
         if self.head_epochs < 0:
             raise ValueError(f"strategy.head_epochs must be >= 0, got {self.head_epochs}")
-        train = self.cfg["train"]
-        self.head_optimizer = torch.optim.SGD(self.model.head.parameters(), lr=train["lr"],
-                                              momentum=train["momentum"],
-                                              weight_decay=train["weight_decay"])
+        self.head_optimizer = self.local_sgd(self.model.head.parameters())
         self.phase = BODY
 
     def trainable_parameters(self):

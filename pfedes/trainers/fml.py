@@ -41,10 +41,7 @@ class FMLTrainer(Trainer):
 
     def begin_round(self) -> None:
         # The meme is replaced by the server's each round: its optimizer starts fresh too.
-        train = self.cfg["train"]
-        self.meme_optimizer = torch.optim.SGD(self.meme.parameters(), lr=train["lr"],
-                                              momentum=train["momentum"],
-                                              weight_decay=train["weight_decay"])
+        self.meme_optimizer = self.local_sgd(self.meme.parameters())
         self.meme.train()
 
     def train_step(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:

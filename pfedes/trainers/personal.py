@@ -19,10 +19,7 @@ class PersonalModelTrainer(FedAvgTrainer):
         personal = copy.deepcopy(self.model)
         personal.register_buffer("initialised", torch.zeros((), dtype=torch.bool))
         self.private["personal"] = self.personal = personal
-        train = self.cfg["train"]
-        self.personal_optimizer = torch.optim.SGD(self.personal.parameters(), lr=train["lr"],
-                                                  momentum=train["momentum"],
-                                                  weight_decay=train["weight_decay"])
+        self.personal_optimizer = self.local_sgd(self.personal.parameters())
 
     def begin_round(self) -> None:
         if not bool(self.personal.initialised):

@@ -38,10 +38,7 @@ class PFedESPaperTrainer(Trainer):
 
     def begin_round(self) -> None:
         # G is replaced by the server's each round: its optimizer starts fresh too.
-        train = self.cfg["train"]
-        self.generator_optimizer = torch.optim.SGD(self.generator.parameters(), lr=train["lr"],
-                                                   momentum=train["momentum"],
-                                                   weight_decay=train["weight_decay"])
+        self.generator_optimizer = self.local_sgd(self.generator.parameters())
 
     def train_step(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
         """Phase 1: F on the mixed loss, G frozen."""
