@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from flwr.app import Array, ArrayRecord
+from flwr.app import Array, ArrayRecord, ConfigRecord
 
 from conftest import make_cfg, train_reply
 from pfedes.strategies.pfedes import PFedES
@@ -82,3 +82,22 @@ def test_bytes_are_counted_from_what_travels():
     expected = sum(len(Array(v).data) for v in OLD.values()) * 2
     assert s.round_stats["bytes_up"] == expected
     assert ArrayRecord({k: Array(v) for k, v in OLD.items()}).count_bytes() > 0
+
+
+def test_a_round_that_starts_while_nodes_connect_still_samples_every_expected_node(monkeypatch):
+    """FedAvg sizes the sample from the nodes up *now*; with 1 of 3 up it would train only one."""
+    monkeypatch.setattr("flwr.serverapp.strategy.strategy_utils.sleep", lambda _: None)
+
+    class ConnectingGrid:
+        def __init__(self):
+            self.calls = 0
+
+        def get_node_ids(self):
+            self.calls += 1
+            return [1, 2, 3] if self.calls > 1 else [1]
+
+    s = PFedES(make_cfg("num_clients=3"))
+    start = ArrayRecord({k: Array(v) for k, v in OLD.items()})
+    for configure in (s.configure_train, s.configure_evaluate):
+        sent = configure(1, start, ConfigRecord(), ConnectingGrid())
+        assert sorted(m.metadata.dst_node_id for m in sent) == [1, 2, 3]

@@ -102,12 +102,16 @@ class PersonalizedStrategy(FedAvg):
     send_arrays_to_evaluate = False
 
     def __init__(self, cfg: dict[str, Any]) -> None:
-        num_clients = int(cfg["num_clients"])
+        min_available = int(cfg.get("min_available_clients") or cfg["num_clients"])
+        fraction_train, fraction_evaluate = float(cfg["fraction_train"]), float(cfg["fraction_evaluate"])
+        # FedAvg sizes a sample from the nodes connected *now*, then waits for min_available:
+        # with only one node up at round 1 it would sample one of them. The minimum sample is
+        # therefore the fraction of the nodes the round waits for.
         super().__init__(
-            fraction_train=float(cfg["fraction_train"]),
-            fraction_evaluate=float(cfg["fraction_evaluate"]),
-            min_train_nodes=1, min_evaluate_nodes=1,
-            min_available_nodes=int(cfg.get("min_available_clients") or num_clients),
+            fraction_train=fraction_train, fraction_evaluate=fraction_evaluate,
+            min_train_nodes=max(1, int(fraction_train * min_available)),
+            min_evaluate_nodes=max(1, int(fraction_evaluate * min_available)),
+            min_available_nodes=min_available,
         )
         self.cfg = cfg
         self.server_momentum = float(cfg["strategy"].get("server_momentum", 0.0))
