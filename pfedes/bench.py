@@ -6,7 +6,8 @@ splits through Flower's simulation engine, then put the results side by side, e.
 
 It first diagnoses the heterogeneity of the partition (mean pairwise Jensen-Shannon divergence
 of the clients' label distributions, per-client label histograms), then runs every (strategy,
-seed) with `pfedes.sim.simulate` into <out_dir>/<strategy>/seed<k>, and writes
+seed) with `pfedes.sim.simulate` into <out_dir>/<strategy>/seed<k> (a run already finished
+there with the same configuration is read back instead, unless rerun=true), and writes
 <out_dir>/results.csv (one row per strategy and seed), results.md (one row per strategy, mean
 ± std over seeds) and curves.png. Personalized figures are means over the last
 LAST_ROUNDS rounds. A strategy that needs one architecture is skipped, with the reason, when
@@ -34,7 +35,9 @@ from .config import ConfigError, conf_dir, experiment_config
 LAST_ROUNDS = 5
 LOCAL, FEDAVG = "local", "fedavg"
 # Keys the bench sets itself for each run, or that only the bench reads.
-BENCH_KEYS = ("strategies", "seeds", "out_dir", "strategy", "seed")
+BENCH_KEYS = ("strategies", "seeds", "out_dir", "strategy", "seed", "rerun")
+# Keys in which a finished run may differ from the one asked for and still be reused.
+REUSE_FREE_KEYS = frozenset({"run_token", "client_state_dir", "out_dir", "resume"})
 
 
 # -- heterogeneity ------------------------------------------------------------------------
@@ -156,7 +159,20 @@ def read_rounds(out_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def execute(run: Run, cfg: dict[str, Any]) -> None:
+def finished_rounds(out_dir: Path, cfg: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """The rounds of a finished earlier run in out_dir with the same configuration, else None."""
+    try:
+        saved = json.loads((out_dir / "summary.json").read_text())["config"]
+        rounds = read_rounds(out_dir)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    wanted = json.loads(json.dumps(cfg))
+    same = ({k: v for k, v in saved.items() if k not in REUSE_FREE_KEYS}
+            == {k: v for k, v in wanted.items() if k not in REUSE_FREE_KEYS})
+    return rounds if same and len(rounds) == int(cfg["num_rounds"]) else None
+
+
+def execute(run: Run, cfg: dict[str, Any], rerun: bool = False) -> None:
     from .sim import simulate
 
     reason = needs_one_architecture(cfg)
@@ -164,6 +180,13 @@ def execute(run: Run, cfg: dict[str, Any]) -> None:
         run.status, run.note = "skipped", reason
         print(f"[pfedes-bench] {run.strategy} seed {run.seed}: skipped, {reason}", flush=True)
         return
+    rounds = None if rerun else finished_rounds(run.out_dir, cfg)
+    if rounds is not None:
+        run.rounds, run.status = rounds, "ok"
+        print(f"[pfedes-bench] {run.strategy} seed {run.seed}: reusing the finished run in {run.out_dir} "
+              "(rerun=true runs it again)", flush=True)
+        return
+    (run.out_dir / "summary.json").unlink(missing_ok=True)  # marks the run finished only at its end
     shutil.rmtree(run.out_dir / "client_state", ignore_errors=True)  # a fresh run, not a resumed one
     print(f"[pfedes-bench] {run.strategy} seed {run.seed} -> {run.out_dir}", flush=True)
     try:
@@ -360,7 +383,7 @@ def bench(bench_cfg: dict[str, Any], task_overrides: list[str]) -> list[Run]:
                         f"{first['data']['samples_per_client']} samples per client"}
     runs = [Run(name, seed, out_dir / name / f"seed{seed}") for seed in seeds for name in strategies]
     for run in runs:
-        execute(run, configs[(run.strategy, run.seed)])
+        execute(run, configs[(run.strategy, run.seed)], bool(bench_cfg.get("rerun", False)))
         write_csv(out_dir / "results.csv", runs)
         write_markdown(out_dir / "results.md", settings, strategies, runs, diagnosis)
         plot_curves(out_dir / "curves.png", strategies, runs)

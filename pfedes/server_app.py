@@ -21,6 +21,7 @@ from hydra.utils import get_class
 from .client_state import atomic_torch_save, state_digest
 from .config import ConfigError, experiment_config, overrides_from_run_config
 from .data import load_split, load_unified_test, num_classes_of
+from .grid import PromptGrid
 from .models import resolve_architecture
 from .recording import RunRecorder
 from .strategies.base import experiment_json
@@ -34,7 +35,7 @@ RESUME_FREE_KEYS = ("num_rounds", "resume", "run_token")
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     cfg = experiment_config(overrides_from_run_config(dict(context.run_config)))
-    run_experiment(grid, cfg)
+    run_experiment(PromptGrid(grid), cfg)
 
 
 def prepare(cfg: dict[str, Any]) -> dict[str, Any]:

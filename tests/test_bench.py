@@ -84,6 +84,32 @@ def test_the_console_script_is_the_bench():
     assert scripts.get("pfedes-bench") == "pfedes.bench:main"
 
 
+def test_a_finished_run_with_the_same_config_is_reused_and_any_other_is_not(tmp_path, monkeypatch):
+    """Long benches resume: a run finished in its directory with the same configuration is read
+    back; an unfinished one, another configuration, or rerun=true runs again."""
+    cfg = make_cfg("strategy=local", "num_rounds=2", f"out_dir={tmp_path}")
+    rounds = [{"round": 1, "acc_mean": 0.5}, {"round": 2, "acc_mean": 0.6}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rounds))
+    saved = {**cfg, "run_token": "abc", "client_state_dir": "elsewhere"}
+    (tmp_path / "summary.json").write_text(json.dumps({"config": saved}))
+    simulated = []
+    monkeypatch.setattr("pfedes.sim.simulate", lambda c: simulated.append(c) or
+                        (tmp_path / "metrics.jsonl").write_text(json.dumps(rounds[0]) + "\n"))
+
+    run = Run("local", 0, tmp_path)
+    execute(run, cfg)
+    assert simulated == [] and run.status == "ok" and run.rounds == rounds
+    execute(Run("local", 0, tmp_path), make_cfg("strategy=local", "num_rounds=2", "train.lr=0.5",
+                                                 f"out_dir={tmp_path}"))
+    assert len(simulated) == 1 and not (tmp_path / "summary.json").exists()  # other config: ran again
+    (tmp_path / "summary.json").write_text(json.dumps({"config": saved}))
+    execute(Run("local", 0, tmp_path), cfg, rerun=True)
+    assert len(simulated) == 2
+    (tmp_path / "summary.json").write_text(json.dumps({"config": saved}))  # but only 1 round logged
+    execute(Run("local", 0, tmp_path), cfg)
+    assert len(simulated) == 3
+
+
 @pytest.mark.slow
 def test_pfedes_bench_end_to_end_two_strategies_two_rounds(tmp_path):
     out = tmp_path / "bench"
