@@ -31,6 +31,7 @@ from .client_round import build_trainer, evaluate_round, load_node_data, train_r
 from .client_state import StateStore
 from .data import DataError
 from .models import resolve_architecture
+from .strategies.base import EVAL_IN_TRAIN_KEY, METRICS_KEY
 
 app = ClientApp()
 STORE = StateStore()
@@ -105,7 +106,7 @@ def _setup(msg: Message, context: Context):
     cfg = parse_experiment(str(config["experiment"]))
     set_threads(threads_for(cfg))
     node = resolve_node(cfg, dict(context.node_config), context.node_id)
-    data = load_node_data(cfg, node.data_path, node.partition_id, node.num_partitions)
+    data = load_node_data(cfg, node.data_path, node.partition_id, node.num_partitions, node.state_file.parent)
     known = context.state.config_records.get(VERSION_KEY)
     version = int(known["version"]) if known is not None else None
     trainer, version = STORE.get(node.state_file, version,
@@ -144,8 +145,10 @@ def train(msg: Message, context: Context) -> Message:
     version += 1
     STORE.save(node.state_file, trainer, version, cfg.get("run_token", ""))
     context.state[VERSION_KEY] = ConfigRecord({"version": version})
-    content = RecordDict({"arrays": ArrayRecord(shared), "metrics": MetricRecord(metrics),
+    content = RecordDict({"arrays": ArrayRecord(shared), METRICS_KEY: MetricRecord(metrics),
                           "info": _info(node)})
+    if cfg.get("evaluate_in_train"):  # the personal model as the evaluate round would see it
+        content[EVAL_IN_TRAIN_KEY] = MetricRecord(evaluate_round(trainer, {}, data))
     return Message(content=content, reply_to=msg)
 
 
@@ -155,5 +158,5 @@ def evaluate(msg: Message, context: Context) -> Message:
     _, node, data, trainer, _ = _setup(msg, context)
     arrays = msg.content.array_records.get("arrays", ArrayRecord())
     metrics = evaluate_round(trainer, arrays.to_torch_state_dict(), data)
-    content = RecordDict({"metrics": MetricRecord(metrics), "info": _info(node)})
+    content = RecordDict({METRICS_KEY: MetricRecord(metrics), "info": _info(node)})
     return Message(content=content, reply_to=msg)

@@ -3,6 +3,7 @@ what the plain benchmark loop (pfedes/plain_loop.py) calls directly, so both do 
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -11,12 +12,13 @@ from hydra.utils import get_class
 from .data import ClientData, load_client_data
 
 
-def load_node_data(cfg: dict[str, Any], data_path: str, partition_id: int, num_partitions: int) -> ClientData:
+def load_node_data(cfg: dict[str, Any], data_path: str, partition_id: int, num_partitions: int,
+                   cache_dir: Path | None = None) -> ClientData:
     data_cfg = cfg["data"]
     return load_client_data(data_path, data_cfg["partition"], num_partitions, partition_id,
                             int(cfg["seed"]), int(data_cfg["classes_per_client"]),
                             float(data_cfg["alpha"]), int(data_cfg["samples_per_client"]),
-                            float(data_cfg["test_fraction"]))
+                            float(data_cfg["test_fraction"]), cache_dir)
 
 
 def build_trainer(cfg: dict[str, Any], arch: str, num_classes: int, partition_id: int):

@@ -192,12 +192,39 @@ DECODED = DecodedCache(int(os.environ.get("PFEDES_DATA_CACHE_MB", "512")) * 2**2
 
 def load_client_data(path: str, partition: str, num_partitions: int, partition_id: int, seed: int,
                      classes_per_client: int = 2, alpha: float = 0.3, samples_per_client: int = 0,
-                     test_fraction: float = 0.2) -> ClientData:
+                     test_fraction: float = 0.2, cache_dir: str | Path | None = None) -> ClientData:
     """One client's local train/test data, decoded once per process while the cache holds it
-    (PFEDES_DATA_CACHE_MB, default 512 MB)."""
+    (PFEDES_DATA_CACHE_MB, default 512 MB) and, with `cache_dir`, once per device: a deployed
+    ClientApp is a new process per message, and re-partitioning and decoding the dataset would
+    cost it seconds each time."""
     key = (path, partition, num_partitions, partition_id, seed, classes_per_client, float(alpha),
            samples_per_client, float(test_fraction))
-    return DECODED.get_or_load(key, lambda: _load_client_data(*key))
+    if cache_dir is None:
+        return DECODED.get_or_load(key, lambda: _load_client_data(*key))
+    return DECODED.get_or_load(key, lambda: _load_through_disk(key, Path(cache_dir)))
+
+
+def _load_through_disk(key: tuple, cache_dir: Path) -> ClientData:
+    """The decoded data from `cache_dir` if it was made from the same files with the same
+    settings, else decoded and written there (atomically) for the next process."""
+    import hashlib
+
+    source = resolve_data_dir(key[0])
+    stamp = [(name, (source / name).stat().st_size, (source / name).stat().st_mtime_ns)
+             for name in ("train.parquet", "test.parquet")]
+    digest = hashlib.sha256(repr((str(source), stamp, key[1:])).encode()).hexdigest()[:20]
+    file = cache_dir / f"decoded-{digest}.pt"
+    if file.is_file():
+        try:
+            return ClientData(**torch.load(file, map_location="cpu", weights_only=True))
+        except Exception:  # a damaged cache file is rebuilt, never trusted
+            file.unlink(missing_ok=True)
+    data = _load_client_data(*key)
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    tmp = file.with_name(f"{file.name}.{os.getpid()}.tmp")
+    torch.save(vars(data), tmp)
+    os.replace(tmp, file)
+    return data
 
 
 def _load_client_data(path: str, partition: str, num_partitions: int, partition_id: int, seed: int,

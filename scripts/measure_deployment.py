@@ -1,7 +1,7 @@
 """Per-round wall time of the same 3-client pFedES work in a real deployment (SuperLink +
 3 SuperNodes on 127.0.0.1, TLS and SuperNode auth) and in Flower's simulation engine.
 
-    python scripts/measure_deployment.py --rounds 3 --samples 100 [--out measure.json]
+    python scripts/measure_deployment.py --rounds 3 --samples 100 [--evaluate-in-train] [--out m.json]
 
 Both runs use one partition per client of the same data (partition-id = client index, so
 the same device, architecture and data per client), one torch thread per client, and the
@@ -28,7 +28,8 @@ DEVICES = ("phone", "gateway", "gpu-host")
 def overrides(args: argparse.Namespace, out_dir: Path) -> dict:
     return {"num_clients": len(DEVICES), "num_rounds": args.rounds, "data.path": args.data,
             "data.samples_per_client": args.samples, "train.local_epochs": args.epochs,
-            "train.torch_threads": 1, "out_dir": str(out_dir)}
+            "train.torch_threads": 1, "evaluate_in_train": bool(args.evaluate_in_train),
+            "out_dir": str(out_dir)}
 
 
 def round_seconds(out_dir: Path) -> list[float]:
@@ -80,6 +81,8 @@ def main() -> None:
     parser.add_argument("--data", default="embedded", help="data.path (embedded or a parquet directory)")
     parser.add_argument("--superexec-poll", type=float, default=0.0,
                         help="FLWR_SUPEREXEC_TASK_POLL_INTERVAL for the SuperNodes (0 = Flower's default, 1 s)")
+    parser.add_argument("--evaluate-in-train", action="store_true",
+                        help="evaluate_in_train=true in both runs: no evaluate round")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds the deployment run may take")
     parser.add_argument("--out", type=Path, help="also write the result as JSON here")
     args = parser.parse_args()

@@ -1,5 +1,6 @@
 import numpy as np
 import pytest
+import torch
 
 from pfedes.data import DataError, load_client_data, partition_indices, resolve_data_dir
 
@@ -37,3 +38,26 @@ def test_missing_or_malformed_path_names_it(tmp_path):
     (tmp_path / "test.parquet").write_text("not parquet")
     with pytest.raises(DataError, match="train.parquet"):
         load_client_data(str(tmp_path), "iid", 2, 0, 0)
+
+
+def test_a_device_decodes_its_data_once_on_disk_and_a_new_process_reads_it_back(tmp_path, monkeypatch):
+    """A deployed ClientApp is a fresh process per message: with a cache dir the partitioned,
+    decoded data is written once and read back bit for bit; other settings get their own file."""
+    import pfedes.data as data_module
+
+    args = ("embedded", "pathological", 4, 1, 0, 2, 0.3, 60, 0.2)
+    first = load_client_data(*args, cache_dir=tmp_path)
+    files = list(tmp_path.glob("decoded-*.pt"))
+    assert len(files) == 1
+    monkeypatch.setattr(data_module, "DECODED", data_module.DecodedCache(2**30))  # a new process
+    monkeypatch.setattr(data_module, "_load_client_data", lambda *a: pytest.fail("decoded again"))
+    again = load_client_data(*args, cache_dir=tmp_path)
+    for name in ("x_train", "y_train", "x_test", "y_test"):
+        assert torch.equal(getattr(first, name), getattr(again, name))
+    assert again.num_classes == first.num_classes
+    files[0].write_bytes(b"damaged")  # never trusted: rebuilt
+    monkeypatch.undo()
+    monkeypatch.setattr(data_module, "DECODED", data_module.DecodedCache(2**30))
+    assert torch.equal(load_client_data(*args, cache_dir=tmp_path).x_train, first.x_train)
+    load_client_data("embedded", "pathological", 4, 2, 0, 2, 0.3, 60, 0.2, cache_dir=tmp_path)
+    assert len(list(tmp_path.glob("decoded-*.pt"))) == 2

@@ -48,3 +48,17 @@ def test_resume_continues_from_the_checkpoint_with_the_same_proxy(tmp_path):
     assert resumed["round"] == 2
     # The second run started from the saved proxy: it differs from it after one more round.
     assert set(resumed["arrays"]) == set(saved["arrays"])
+
+
+@pytest.mark.slow
+def test_evaluating_in_the_train_reply_gives_the_evaluate_rounds_figures(tmp_path):
+    """pFedES's evaluation does not use the new proxy, so the personal model evaluated right
+    after training is the one the evaluate round sees: same figures, one message less."""
+    common = ["num_clients=3", "num_rounds=2", "data.samples_per_client=100"]
+    runs = {}
+    for flag in ("false", "true"):
+        simulate(make_cfg(*common, f"evaluate_in_train={flag}", f"out_dir={tmp_path / flag}"))
+        runs[flag] = [json.loads(line) for line in (tmp_path / flag / "metrics.jsonl").read_text().splitlines()]
+    for separate, folded in zip(runs["false"], runs["true"]):
+        assert folded["acc_by_client"] == separate["acc_by_client"]
+        assert folded["acc_mean"] == separate["acc_mean"] and folded["clients_trained"] == 3

@@ -101,3 +101,27 @@ def test_a_round_that_starts_while_nodes_connect_still_samples_every_expected_no
     for configure in (s.configure_train, s.configure_evaluate):
         sent = configure(1, start, ConfigRecord(), ConnectingGrid())
         assert sorted(m.metadata.dst_node_id for m in sent) == [1, 2, 3]
+
+
+def test_with_evaluate_in_train_the_train_replies_carry_the_round_evaluation():
+    from flwr.app import MetricRecord
+
+    from pfedes.config import ConfigError
+    from pfedes.strategies.fedavg import FedAvg
+
+    s = PFedES(make_cfg("num_clients=3", "evaluate_in_train=true"))
+    s.current = {k: v.copy() for k, v in OLD.items()}
+    replies = []
+    for node, acc in ((11, 0.5), (12, 0.75), (13, 1.0)):
+        reply = train_reply(node, OLD, 4, train_loss=1.0)
+        reply.content["evaluation"] = MetricRecord({"accuracy": acc, "loss": 0.1, "num-examples": 2})
+        replies.append(reply)
+    replies[2].content["other"] = MetricRecord({"x": 1.0})  # an unknown record: dropped, still evaluated
+    agg(s, replies)
+    assert s.round_stats["clients_dropped"] == 1
+    assert sorted(r["accuracy"] for r in s.round_stats["eval"]) == [0.5, 0.75, 1.0]
+    assert s.fraction_evaluate == 0.0  # no evaluate round: Flower sends no evaluate message
+    metrics = s.aggregate_evaluate(1, [])
+    assert metrics["acc_mean"] == pytest.approx(0.75) and metrics["acc_worst"] == pytest.approx(0.5)
+    with pytest.raises(ConfigError, match="evaluate_in_train"):
+        FedAvg(make_cfg("strategy=fedavg", "num_clients=3", "evaluate_in_train=true"))

@@ -21,7 +21,11 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
+from ..config import ConfigError
+
 WEIGHT_KEY = "num-examples"
+METRICS_KEY = "metrics"  # the MetricRecord of a train or evaluate reply
+EVAL_IN_TRAIN_KEY = "evaluation"  # its personal-model figures when evaluate_in_train=true
 
 
 def arrays_nbytes(record: ArrayRecord | None) -> int:
@@ -34,10 +38,13 @@ def reply_problem(msg: Message, expected: dict[str, np.ndarray]) -> str | None:
     if msg.has_error():
         return f"client error: {msg.error.reason}"
     content = msg.content
-    if len(content.array_records) != 1 or len(content.metric_records) != 1:
-        return (f"expected one ArrayRecord and one MetricRecord, got {len(content.array_records)} "
-                f"and {len(content.metric_records)}")
-    metrics = next(iter(content.metric_records.values()))
+    metric_names = set(content.metric_records)
+    if len(content.array_records) != 1 or METRICS_KEY not in metric_names \
+            or metric_names - {METRICS_KEY, EVAL_IN_TRAIN_KEY}:
+        return (f"expected one ArrayRecord and the MetricRecord '{METRICS_KEY}' (and optionally "
+                f"'{EVAL_IN_TRAIN_KEY}'), got {len(content.array_records)} ArrayRecord(s) and "
+                f"MetricRecord(s) {sorted(metric_names)}")
+    metrics = content.metric_records[METRICS_KEY]
     weight = metrics.get(WEIGHT_KEY)
     if not isinstance(weight, (int, float)) or not math.isfinite(weight) or weight <= 0:
         return f"'{WEIGHT_KEY}' is {weight!r}, not a positive number"
@@ -107,8 +114,13 @@ class PersonalizedStrategy(FedAvg):
         # FedAvg sizes a sample from the nodes connected *now*, then waits for min_available:
         # with only one node up at round 1 it would sample one of them. The minimum sample is
         # therefore the fraction of the nodes the round waits for.
+        self.evaluate_in_train = bool(cfg.get("evaluate_in_train", False))
+        if self.evaluate_in_train and self.send_arrays_to_evaluate:
+            raise ConfigError(f"evaluate_in_train=true: strategy '{cfg['strategy']['name']}' evaluates the "
+                              "newly aggregated arrays, which a train reply cannot; keep evaluate_in_train=false")
         super().__init__(
-            fraction_train=fraction_train, fraction_evaluate=fraction_evaluate,
+            fraction_train=fraction_train,
+            fraction_evaluate=0.0 if self.evaluate_in_train else fraction_evaluate,  # 0: no evaluate round
             min_train_nodes=max(1, int(fraction_train * min_available)),
             min_evaluate_nodes=max(1, int(fraction_evaluate * min_available)),
             min_available_nodes=min_available,
@@ -166,6 +178,8 @@ class PersonalizedStrategy(FedAvg):
             if not msg.has_error():
                 for record in msg.content.array_records.values():
                     self.round_stats["bytes_up"] += arrays_nbytes(record)
+                if self.evaluate_in_train:  # its personal model is fine even if its arrays are not
+                    self.record_evaluation(server_round, msg, EVAL_IN_TRAIN_KEY)
             problem = self.reply_problem(msg)
             if problem:
                 self.round_stats["clients_dropped"] += 1
@@ -185,8 +199,8 @@ class PersonalizedStrategy(FedAvg):
         good = self.accepted_replies(server_round, replies)
         if not good:
             return None, None
-        weights = [float(next(iter(m.content.metric_records.values()))[WEIGHT_KEY]) for m in good]
-        metrics = [dict(next(iter(m.content.metric_records.values()))) for m in good]
+        metrics = [dict(m.content.metric_records[METRICS_KEY]) for m in good]
+        weights = [float(m[WEIGHT_KEY]) for m in metrics]
         self.round_stats["train"] = weighted_metrics(metrics, weights)
         arrays = [{k: a.numpy() for k, a in next(iter(m.content.array_records.values())).items()}
                   for m in good]
@@ -212,28 +226,33 @@ class PersonalizedStrategy(FedAvg):
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
         server_round = self.absolute_round(server_round)
-        results = []
+        if not self.evaluate_in_train:  # else the train replies brought the figures already
+            self.round_stats["eval"] = []
         for msg in replies:
             if msg.has_error():
                 log(WARNING, "round %d: evaluation failed on node %d: %s", server_round,
                     msg.metadata.src_node_id, msg.error.reason)
                 continue
-            metrics = msg.content.metric_records.get("metrics")
-            info = msg.content.config_records.get("info", ConfigRecord())
-            if metrics is None or "accuracy" not in metrics:
-                log(WARNING, "round %d: node %d sent no accuracy", server_round, msg.metadata.src_node_id)
-                continue
-            results.append({"node": msg.metadata.src_node_id,
-                            "partition": int(info.get("partition-id", -1)),
-                            "device": str(info.get("device", "?")),
-                            "accuracy": float(metrics["accuracy"]),
-                            "loss": float(metrics.get("loss", float("nan"))),
-                            "num-examples": int(metrics.get(WEIGHT_KEY, 0))})
-        self.round_stats["eval"] = results
+            self.record_evaluation(server_round, msg, METRICS_KEY)
+        results = self.round_stats["eval"]
         if not results:
             return None
         accs = [r["accuracy"] for r in results]
         return MetricRecord({"acc_mean": float(np.mean(accs)), "acc_worst": float(np.min(accs))})
+
+    def record_evaluation(self, server_round: int, msg: Message, record: str) -> None:
+        """Add one client's personal-model figures (MetricRecord `record` of its reply) to the round."""
+        metrics = msg.content.metric_records.get(record)
+        info = msg.content.config_records.get("info", ConfigRecord())
+        if metrics is None or "accuracy" not in metrics:
+            log(WARNING, "round %d: node %d sent no accuracy", server_round, msg.metadata.src_node_id)
+            return
+        self.round_stats["eval"].append({"node": msg.metadata.src_node_id,
+                                         "partition": int(info.get("partition-id", -1)),
+                                         "device": str(info.get("device", "?")),
+                                         "accuracy": float(metrics["accuracy"]),
+                                         "loss": float(metrics.get("loss", float("nan"))),
+                                         "num-examples": int(metrics.get(WEIGHT_KEY, 0))})
 
 
 def experiment_json(cfg: dict[str, Any]) -> str:
