@@ -111,13 +111,13 @@ class PersonalizedStrategy(FedAvg):
     def __init__(self, cfg: dict[str, Any]) -> None:
         min_available = int(cfg.get("min_available_clients") or cfg["num_clients"])
         fraction_train, fraction_evaluate = float(cfg["fraction_train"]), float(cfg["fraction_evaluate"])
-        # FedAvg sizes a sample from the nodes connected *now*, then waits for min_available:
-        # with only one node up at round 1 it would sample one of them. The minimum sample is
-        # therefore the fraction of the nodes the round waits for.
         self.evaluate_in_train = bool(cfg.get("evaluate_in_train", False))
         if self.evaluate_in_train and self.send_arrays_to_evaluate:
             raise ConfigError(f"evaluate_in_train=true: strategy '{cfg['strategy']['name']}' evaluates the "
                               "newly aggregated arrays, which a train reply cannot; keep evaluate_in_train=false")
+        # FedAvg sizes a sample from the nodes connected *now*, then waits for min_available:
+        # with only one node up at round 1 it would sample one of them. The minimum sample is
+        # therefore the fraction of the nodes the round waits for.
         super().__init__(
             fraction_train=fraction_train,
             fraction_evaluate=0.0 if self.evaluate_in_train else fraction_evaluate,  # 0: no evaluate round
