@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import sys
 import time
 from pathlib import Path
 
@@ -15,7 +14,9 @@ SHARED_CIFAR = ROOT.parent / "shared" / "data" / "cifar10"
 
 
 def default_data_path() -> str:
-    return str(SHARED_CIFAR) if (SHARED_CIFAR / "train.parquet").is_file() else "embedded"
+    if not (SHARED_CIFAR / "train.parquet").is_file():
+        return "embedded"
+    return os.path.relpath(SHARED_CIFAR)  # as a user would type it: results carry no machine paths
 
 
 def experiment(overrides: list[str], **settings) -> dict:

@@ -31,6 +31,7 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from .config import ConfigError, conf_dir, experiment_config
+from .recording import shown_path
 
 LAST_ROUNDS = 5
 LOCAL, FEDAVG = "local", "fedavg"
@@ -228,7 +229,7 @@ def write_csv(path: Path, runs: list[Run]) -> None:
             writer.writerow({"strategy": r.strategy, "seed": r.seed, "status": r.status, "note": r.note,
                              **r.figures, "gain_vs_local": vs_local.get((r.strategy, r.seed)),
                              "gain_vs_fedavg": vs_fedavg.get((r.strategy, r.seed)),
-                             "rounds": len(r.rounds), "out_dir": str(r.out_dir)})
+                             "rounds": len(r.rounds), "out_dir": shown_path(r.out_dir)})
 
 
 def _pct(stat: tuple[float, float | None] | None, signed: bool = False) -> str:
@@ -297,6 +298,7 @@ def write_markdown(path: Path, settings: dict[str, Any], strategies: list[str], 
     seeds = settings["seeds"]
     parts = [
         "# pfedes-bench results", "",
+        f"`{settings['command']}`", "",
         f"Clients: {settings['num_clients']} ({', '.join(settings['devices'])}); rounds: {settings['num_rounds']}; "
         f"data: {settings['data']}; seeds: {seeds}. Every strategy ran on the same partition, seeds and "
         "local test splits.", "",
@@ -380,7 +382,8 @@ def bench(bench_cfg: dict[str, Any], task_overrides: list[str]) -> list[Run]:
     settings = {"seeds": seeds, "num_clients": first["num_clients"], "num_rounds": first["num_rounds"],
                 "devices": first["clients"]["devices"],
                 "data": f"{first['data']['path']}, {first['data']['partition']}, "
-                        f"{first['data']['samples_per_client']} samples per client"}
+                        f"{first['data']['samples_per_client']} samples per client",
+                "command": " ".join(["pfedes-bench", *task_overrides])}
     runs = [Run(name, seed, out_dir / name / f"seed{seed}") for seed in seeds for name in strategies]
     for run in runs:
         execute(run, configs[(run.strategy, run.seed)], bool(bench_cfg.get("rerun", False)))

@@ -80,13 +80,24 @@ class RunRecorder:
             "acc_worst_last5": float(np.mean([r["acc_worst"] for r in last])) if last else None,
             "seconds_per_round": float(np.mean([r["seconds"] for r in self.rounds])) if self.rounds else None,
             "seconds_total": time.perf_counter() - self.t_start,
-            "config": self.cfg,
+            "config": {**self.cfg, **{k: shown_path(self.cfg[k]) for k in ("out_dir", "client_state_dir")
+                                      if k in self.cfg}},
             **extra,
         }
         (self.out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         plot_accuracy(self.rounds, self.out_dir / "accuracy.png", self.cfg["strategy"]["name"])
         log(INFO, "[pfedes] wrote %s (metrics.jsonl, summary.json, accuracy.png)", self.out_dir)
         return summary
+
+
+def shown_path(path: str | Path) -> str:
+    """A path as records show it: relative to the working directory when inside it, so the
+    records of a run do not carry the machine they ran on."""
+    path = Path(path)
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
 
 
 def plot_accuracy(rounds: list[dict[str, Any]], path: Path, title: str) -> None:

@@ -139,3 +139,11 @@ def test_pfedes_bench_end_to_end_two_strategies_two_rounds(tmp_path):
     assert summaries[0]["config"]["data"] == summaries[1]["config"]["data"]
     sizes = [{k: v for k, v in s["final"]["acc_by_client"].items()} for s in summaries]
     assert set(sizes[0]) == set(sizes[1]) == {"0", "1"}
+
+
+def test_records_show_paths_inside_the_working_directory_relative(tmp_path, monkeypatch):
+    from pfedes.recording import shown_path
+
+    monkeypatch.chdir(tmp_path)
+    assert shown_path(tmp_path / "bench" / "local" / "seed0") == "bench/local/seed0"
+    assert shown_path("/elsewhere/x") == "/elsewhere/x"
