@@ -63,19 +63,19 @@ def main(argv: list[str]) -> None:
             f"pfedes-sim default ({cores} clients x 1 cpu)": lambda out: flower_run(argv, settings, out, 1),
             f"flower 1 client x {cores} cpus": lambda out: flower_run(argv, settings, out, cores)}
     best: dict[str, dict] = {}
+    repeat_times: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for repeat in range(repeats):
-            for label, run in runs.items():
-                rounds, wall = run(f"{tmp}/{len(best)}-{repeat}-{label.split()[0]}")
+            for index, (label, run) in enumerate(runs.items()):
+                rounds, wall = run(f"{tmp}/run{index}-repeat{repeat}")
                 row = {"run": label, "steady_s_per_round": steady(rounds),
                        "startup_s": wall - len(rounds) * steady(rounds),
                        "round_s": [r["seconds"] for r in rounds],
-                       "acc_mean": [r["acc_mean"] for r in rounds],
-                       "repeats_s_per_round": [*best.get(label, {}).get("repeats_s_per_round", []), steady(rounds)]}
+                       "acc_mean": [r["acc_mean"] for r in rounds]}
+                repeat_times.setdefault(label, []).append(row["steady_s_per_round"])
                 if label not in best or row["steady_s_per_round"] < best[label]["steady_s_per_round"]:
                     best[label] = row
-                best[label]["repeats_s_per_round"] = row["repeats_s_per_round"]
-    rows = list(best.values())
+    rows = [{**row, "repeats_s_per_round": repeat_times[label]} for label, row in best.items()]
     base, plain_accs = rows[0]["steady_s_per_round"], rows[0]["acc_mean"]
     for row in rows:
         row["ratio_vs_plain"] = row["steady_s_per_round"] / base
