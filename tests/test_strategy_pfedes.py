@@ -125,3 +125,17 @@ def test_with_evaluate_in_train_the_train_replies_carry_the_round_evaluation():
     assert metrics["acc_mean"] == pytest.approx(0.75) and metrics["acc_worst"] == pytest.approx(0.5)
     with pytest.raises(ConfigError, match="evaluate_in_train"):
         FedAvg(make_cfg("strategy=fedavg", "num_clients=3", "evaluate_in_train=true"))
+
+
+def test_the_round_evaluation_does_not_depend_on_reply_order():
+    from conftest import make_reply
+    from flwr.app import ConfigRecord, MetricRecord, RecordDict
+
+    def reply(node, partition, acc):
+        return make_reply(node, RecordDict({"metrics": MetricRecord({"accuracy": acc, "num-examples": 3}),
+                                            "info": ConfigRecord({"partition-id": partition})}), "evaluate")
+
+    replies = [reply(11, 2, 0.1), reply(12, 0, 0.7), reply(13, 1, 0.3)]
+    s, t = PFedES(make_cfg("num_clients=3")), PFedES(make_cfg("num_clients=3"))
+    assert s.aggregate_evaluate(1, replies)["acc_mean"] == t.aggregate_evaluate(1, replies[::-1])["acc_mean"]
+    assert [r["partition"] for r in s.round_stats["eval"]] == [r["partition"] for r in t.round_stats["eval"]] == [0, 1, 2]

@@ -235,6 +235,7 @@ class PersonalizedStrategy(FedAvg):
                 continue
             self.record_evaluation(server_round, msg, METRICS_KEY)
         results = self.round_stats["eval"]
+        results.sort(key=lambda r: (r["partition"], r["node"]))  # figures independent of arrival order
         if not results:
             return None
         accs = [r["accuracy"] for r in results]
