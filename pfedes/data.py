@@ -219,11 +219,10 @@ def _load_through_disk(key: tuple, cache_dir: Path) -> ClientData:
             return ClientData(**torch.load(file, map_location="cpu", weights_only=True))
         except Exception:  # a damaged cache file is rebuilt, never trusted
             file.unlink(missing_ok=True)
+    from .client_state import atomic_torch_save
+
     data = _load_client_data(*key)
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    tmp = file.with_name(f"{file.name}.{os.getpid()}.tmp")
-    torch.save(vars(data), tmp)
-    os.replace(tmp, file)
+    atomic_torch_save(vars(data), file)
     return data
 
 
