@@ -110,6 +110,14 @@ class Run:
         values = [r[key] for r in self.rounds if r.get(key) is not None]
         return float(np.mean(values)) if values else None
 
+    def by_device(self) -> dict[str, float]:
+        """Personalized accuracy per device profile, mean of the last LAST_ROUNDS rounds."""
+        values: dict[str, list[float]] = {}
+        for r in self.rounds:
+            for device, acc in (r.get("acc_by_device") or {}).items():
+                values.setdefault(device, []).append(acc)
+        return {d: float(np.mean(v[-LAST_ROUNDS:])) for d, v in sorted(values.items())}
+
     @property
     def figures(self) -> dict[str, float | None]:
         return {"acc_mean_last": self.last("acc_mean"), "acc_worst_last": self.last("acc_worst"),
@@ -293,6 +301,31 @@ def results_table(strategies: list[str], runs: list[Run]) -> str:
     return "\n".join(lines)
 
 
+def device_table(strategies: list[str], runs: list[Run]) -> str | None:
+    """Personalized accuracy per device profile (mean ± std over seeds) and its gain over
+    Local-only on the same device, paired by seed; None when every client ran one profile."""
+    ok = [r for r in runs if r.status == "ok"]
+    devices = sorted({d for r in ok for d in r.by_device()})
+    if len(devices) < 2:
+        return None
+    local = {r.seed: r.by_device() for r in ok if r.strategy == LOCAL}
+    lines = ["| strategy | " + " | ".join(f"{d} % (gain vs Local-only)" for d in devices) + " |",
+             "|---" * (len(devices) + 1) + "|"]
+    for name in strategies:
+        mine = [r for r in ok if r.strategy == name]
+        if not mine:
+            continue
+        cells = []
+        for device in devices:
+            accs = [r.by_device()[device] for r in mine if device in r.by_device()]
+            gains = [r.by_device()[device] - local[r.seed][device] for r in mine
+                     if device in r.by_device() and device in local.get(r.seed, {})]
+            gain = "" if name == LOCAL or not gains else f" ({_pct(mean_std(gains), signed=True)})"
+            cells.append(_pct(mean_std(accs)) + gain)
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def write_markdown(path: Path, settings: dict[str, Any], strategies: list[str], runs: list[Run],
                    diagnosis: dict[str, Any]) -> None:
     seeds = settings["seeds"]
@@ -309,6 +342,13 @@ def write_markdown(path: Path, settings: dict[str, Any], strategies: list[str], 
         "trained client and round, training and evaluation messages together. A method that does not beat "
         "Local-only is reported as losing.", "",
         results_table(strategies, runs), "",
+    ]
+    by_device = device_table(strategies, runs)
+    if by_device:
+        parts += ["## By device profile", "",
+                  "Personalized accuracy of the clients of each device profile, same averaging; gains "
+                  "over Local-only on the same clients, paired by seed.", "", by_device, ""]
+    parts += [
         "## Heterogeneity", "",
     ]
     for seed, d in diagnosis.items():

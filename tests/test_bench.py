@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from conftest import make_cfg
-from pfedes.bench import (Run, execute, js_divergence, mean_pairwise_jsd, needs_one_architecture, results_table,
+from pfedes.bench import (Run, device_table, execute, js_divergence, mean_pairwise_jsd, needs_one_architecture, results_table,
                           split_overrides)
 from pfedes.config import ConfigError
 
@@ -68,6 +68,21 @@ def test_table_means_the_last_five_rounds_pairs_gains_by_seed_and_reports_losers
     assert "needs one architecture" in row(table, "homog")[1]
     equal = results_table(["local", "tie"], runs[:2] + [fake_run("tie", 0, [0.5] * 5)])
     assert "**loses**" in row(equal, "tie")[-1]  # not beating Local-only is losing
+
+
+def test_device_table_pairs_each_profile_with_local_only_by_seed():
+    def run(name, seed, phone, gateway):
+        rounds = [{"round": 1, "acc_by_device": {"phone": 0.0, "gateway": 0.0}}] + [
+            {"round": i, "acc_by_device": {"phone": phone, "gateway": gateway}} for i in range(2, 7)]
+        return Run(name, seed, Path("/nowhere"), status="ok", rounds=rounds)
+
+    runs = [run("local", 0, 0.5, 0.6), run("local", 1, 0.7, 0.6), run("x", 0, 0.6, 0.5), run("x", 1, 0.8, 0.5)]
+    table = device_table(["local", "x"], runs)
+    assert table.splitlines()[0] == "| strategy | gateway % (gain vs Local-only) | phone % (gain vs Local-only) |"
+    assert row(table, "local")[1:] == ["60.0 ± 0.0", "60.0 ± 14.1 |"]
+    assert row(table, "x")[1:] == ["50.0 ± 0.0 (-10.0 ± 0.0)", "70.0 ± 14.1 (+10.0 ± 0.0) |"]
+    one_profile = [Run("local", 0, Path("/nowhere"), status="ok", rounds=[{"acc_by_device": {"phone": 0.5}}])]
+    assert device_table(["local"], one_profile) is None
 
 
 def test_a_homogeneous_method_is_skipped_on_mixed_devices_without_running(tmp_path):
