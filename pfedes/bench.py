@@ -297,7 +297,7 @@ def results_table(strategies: list[str], runs: list[Run]) -> str:
             "—" if seconds is None else f"{seconds:.2f}", verdict]) + " |")
         failed = [r for r in mine if r.status != "ok"]
         if failed:
-            lines[-1] += f" ({len(failed)} of {len(mine)} seeds did not run: {failed[0].note})"
+            lines[-1] += f" ({len(failed)} of {len(mine)} seeds did not run: {failed[0].note or failed[0].status})"
     return "\n".join(lines)
 
 

@@ -68,6 +68,8 @@ def test_table_means_the_last_five_rounds_pairs_gains_by_seed_and_reports_losers
     assert "needs one architecture" in row(table, "homog")[1]
     equal = results_table(["local", "tie"], runs[:2] + [fake_run("tie", 0, [0.5] * 5)])
     assert "**loses**" in row(equal, "tie")[-1]  # not beating Local-only is losing
+    unfinished = results_table(["local"], runs[:2] + [Run("local", 2, Path("/nowhere"))])
+    assert "(1 of 3 seeds did not run: pending)" in unfinished
 
 
 def test_device_table_pairs_each_profile_with_local_only_by_seed():
