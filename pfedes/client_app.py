@@ -27,6 +27,7 @@ from flwr.clientapp import ClientApp
 from flwr.common.constant import ErrorCode
 from flwr.common.logger import log
 
+from . import tracing
 from .client_round import build_trainer, evaluate_round, load_node_data, train_round
 from .client_state import StateStore
 from .data import DataError
@@ -130,6 +131,14 @@ def _setup_errors_as_replies(handler):
     return wrapper
 
 
+def _trace(message_type: str, node: Node, server_round: int, entered: float, set_up: float) -> None:
+    """One line of the opt-in timing trace (pfedes.tracing): process start, handler entry,
+    set-up done (data, model, private state), work done."""
+    tracing.record("clientapp", message=message_type, device=node.device, round=server_round,
+                   process_start=tracing.process_start_time(), entered=entered, set_up=set_up,
+                   done=tracing.now())
+
+
 def _info(node: Node) -> ConfigRecord:
     return ConfigRecord({"device": node.device, "arch": node.arch, "partition-id": node.partition_id})
 
@@ -137,7 +146,9 @@ def _info(node: Node) -> ConfigRecord:
 @app.train()
 @_setup_errors_as_replies
 def train(msg: Message, context: Context) -> Message:
+    entered = tracing.now()
     cfg, node, data, trainer, version = _setup(msg, context)
+    set_up = tracing.now()
     arrays = msg.content.array_records.get("arrays", ArrayRecord())
     server_round = int(msg.content["config"].get("server-round", 0))
     shared, metrics = train_round(trainer, arrays.to_torch_state_dict(), data, cfg,
@@ -149,14 +160,18 @@ def train(msg: Message, context: Context) -> Message:
                           "info": _info(node)})
     if cfg.get("evaluate_in_train"):  # the personal model as the evaluate round would see it
         content[EVAL_IN_TRAIN_KEY] = MetricRecord(evaluate_round(trainer, {}, data))
+    _trace("train", node, server_round, entered, set_up)
     return Message(content=content, reply_to=msg)
 
 
 @app.evaluate()
 @_setup_errors_as_replies
 def evaluate(msg: Message, context: Context) -> Message:
+    entered = tracing.now()
     _, node, data, trainer, _ = _setup(msg, context)
+    set_up = tracing.now()
     arrays = msg.content.array_records.get("arrays", ArrayRecord())
     metrics = evaluate_round(trainer, arrays.to_torch_state_dict(), data)
     content = RecordDict({METRICS_KEY: MetricRecord(metrics), "info": _info(node)})
+    _trace("evaluate", node, int(msg.content["config"].get("server-round", 0)), entered, set_up)
     return Message(content=content, reply_to=msg)

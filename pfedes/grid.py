@@ -16,6 +16,8 @@ from collections.abc import Iterable
 from flwr.app import Message
 from flwr.serverapp import Grid
 
+from . import tracing
+
 
 class PromptGrid(Grid):
     def __init__(self, grid: Grid, first_wait: float = 0.005, max_wait: float = 0.5) -> None:
@@ -23,6 +25,7 @@ class PromptGrid(Grid):
         self.first_wait, self.max_wait = first_wait, max_wait
 
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
+        sent = tracing.now()
         pending = set(self.grid.push_messages(messages))
         deadline = None if timeout is None else time.monotonic() + timeout
         replies: list[Message] = []
@@ -35,6 +38,8 @@ class PromptGrid(Grid):
                 break
             wait = self.first_wait if received else min(self.max_wait, wait * 1.5)
             time.sleep(wait if deadline is None else max(0.0, min(wait, deadline - time.monotonic())))
+        if replies:
+            tracing.record("server", sent=sent, received=tracing.now(), replies=len(replies))
         return replies
 
     # -- everything else is the wrapped grid's ---------------------------------------------

@@ -1,18 +1,21 @@
 """Per-round wall time of the same 3-client pFedES work in a real deployment (SuperLink +
 3 SuperNodes on 127.0.0.1, TLS and SuperNode auth) and in Flower's simulation engine.
 
-    python scripts/measure_deployment.py --rounds 3 --samples 100 [--evaluate-in-train] [--out m.json]
+    python scripts/measure_deployment.py --rounds 3 --samples 100 [--evaluate-in-train] [--trace] [--out m.json]
 
 Both runs use one partition per client of the same data (partition-id = client index, so
 the same device, architecture and data per client), one torch thread per client, and the
 ServerApp's own per-round clock (metrics.jsonl `seconds`: train + evaluate + aggregation).
 Round 1 holds start-up (Ray actors, first imports), so the ratio is taken over rounds 2..N.
+--trace also times each deployed message step by step (pfedes.tracing) and prints where a round
+goes: pick-up and process start, start-up and imports, the handler's set-up, the work, the reply.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -50,8 +53,12 @@ def run_simulation(args: argparse.Namespace, out_dir: Path) -> list[float]:
 def run_deployment(args: argparse.Namespace, root: Path) -> list[float]:
     from deploy_helpers import LocalDeployment
 
+    from pfedes.tracing import TRACE_ENV
+
     out_dir = root / "server-out"
     extra_env = {"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": str(args.superexec_poll)} if args.superexec_poll else None
+    if args.trace:  # inherited by the SuperLink, the SuperNodes and the app processes they start
+        os.environ[TRACE_ENV] = str(root / "trace.jsonl")
     with LocalDeployment(root / "deploy", node_names=DEVICES) as dep:
         dep.start_superlink()
         for index, device in enumerate(DEVICES):
@@ -65,6 +72,7 @@ def run_deployment(args: argparse.Namespace, root: Path) -> list[float]:
         status = dep.wait_run(run_id, timeout=args.timeout)
         if status["status"] != "finished:completed":
             raise SystemExit(f"deployment run ended as {status['status']}:\n{dep.run_log(run_id)[-3000:]}")
+    os.environ.pop(TRACE_ENV, None)
     return round_seconds(out_dir)
 
 
@@ -83,6 +91,8 @@ def main() -> None:
                         help="FLWR_SUPEREXEC_TASK_POLL_INTERVAL for the SuperNodes (0 = Flower's default, 1 s)")
     parser.add_argument("--evaluate-in-train", action="store_true",
                         help="evaluate_in_train=true in both runs: no evaluate round")
+    parser.add_argument("--trace", action="store_true",
+                        help="time each deployed message step by step (PFEDES_TRACE) and print the breakdown")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds the deployment run may take")
     parser.add_argument("--out", type=Path, help="also write the result as JSON here")
     args = parser.parse_args()
@@ -95,6 +105,11 @@ def main() -> None:
         started = time.perf_counter()
         sim = summary(run_simulation(args, tmp / "sim"))
         dep = summary(run_deployment(args, tmp / "dep"))
+        if args.trace:
+            from pfedes.tracing import breakdown
+
+            steps = breakdown((tmp / "dep" / "trace.jsonl").read_text(), first_round=2)
+            dep["steps_seconds_min_max"] = {step: [round(min(v), 2), round(max(v), 2)] for step, v in steps.items()}
     result = {"config": {k: v for k, v in vars(args).items() if k not in ("out", "data_dir")},
               "simulation": sim, "deployment": dep,
               "ratio_deployment_over_simulation": dep["mean_after_round_1"] / sim["mean_after_round_1"],

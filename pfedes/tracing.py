@@ -1,0 +1,71 @@
+"""Opt-in timing trace of where a deployed round spends its time.
+
+With the environment variable PFEDES_TRACE=<file> set for the SuperNodes and the SuperLink (whose
+processes pass it on to the ClientApp and ServerApp processes they start), every train or
+evaluate message appends one JSON line to <file> on its device, and the ServerApp one line per
+send-and-collect. `scripts/measure_deployment.py --trace` reads them into a table. Unset, nothing
+is written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+TRACE_ENV = "PFEDES_TRACE"
+
+
+def process_start_time() -> float | None:
+    """When this process started (seconds since the epoch), from /proc; None elsewhere."""
+    try:
+        btime = next(int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
+                     if line.startswith("btime"))
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        return btime + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+
+
+def record(kind: str, **fields) -> None:
+    """Append {kind, pid, **fields} to the trace file if PFEDES_TRACE names one."""
+    path = os.environ.get(TRACE_ENV)
+    if not path:
+        return
+    line = json.dumps({"kind": kind, "pid": os.getpid(), **fields})
+    with open(path, "a", encoding="utf-8") as handle:
+        handle.write(line + "\n")
+
+
+now = time.time
+
+STEPS = ("server sends -> ClientApp process starts (polls)",
+         "process start -> handler (flwr, torch, app imports)",
+         "handler set-up (data, model, private state)",
+         "work (train or evaluate, save)",
+         "reply -> server has all replies")
+
+
+def breakdown(trace_text: str, first_round: int = 1) -> dict[str, list[float]]:
+    """Seconds of each step (STEPS) for every traced message from `first_round` on. A message
+    belongs to the server's send-and-collect whose interval holds its handler entry; without a
+    process start time the first two steps are one (counted as the second)."""
+    lines = [json.loads(line) for line in trace_text.splitlines() if line.strip()]
+    phases = [t for t in lines if t["kind"] == "server"]
+    steps: dict[str, list[float]] = {step: [] for step in STEPS}
+    for t in lines:
+        if t["kind"] != "clientapp" or t["round"] < first_round:
+            continue
+        phase = next((p for p in phases if p["sent"] <= t["entered"] <= p["received"]), None)
+        if phase is None:
+            continue
+        started = t["process_start"]
+        if started is not None:
+            steps[STEPS[0]].append(started - phase["sent"])
+        else:
+            started = phase["sent"]
+        for step, seconds in zip(STEPS[1:], (t["entered"] - started, t["set_up"] - t["entered"],
+                                             t["done"] - t["set_up"], phase["received"] - t["done"])):
+            steps[step].append(seconds)
+    return {step: v for step, v in steps.items() if v}

@@ -1,0 +1,42 @@
+"""The opt-in timing trace: written only when PFEDES_TRACE is set, and read back step by step."""
+
+import json
+import time
+
+from pfedes import tracing
+
+
+def test_nothing_is_written_without_the_variable(tmp_path, monkeypatch):
+    monkeypatch.delenv(tracing.TRACE_ENV, raising=False)
+    monkeypatch.chdir(tmp_path)
+    tracing.record("server", sent=1.0, received=2.0, replies=1)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_line_per_record_with_the_process_id(tmp_path, monkeypatch):
+    path = tmp_path / "trace.jsonl"
+    monkeypatch.setenv(tracing.TRACE_ENV, str(path))
+    tracing.record("server", sent=1.0, received=2.0, replies=3)
+    tracing.record("server", sent=3.0, received=4.0, replies=3)
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [line["sent"] for line in lines] == [1.0, 3.0] and all(line["kind"] == "server" for line in lines)
+
+
+def test_this_process_started_before_now():
+    started = tracing.process_start_time()
+    assert started is None or 0 < time.time() - started < 7 * 24 * 3600
+
+
+def test_breakdown_splits_each_message_on_hand_computed_times():
+    def client(round_, process_start, entered, set_up, done):
+        return {"kind": "clientapp", "round": round_, "process_start": process_start, "entered": entered,
+                "set_up": set_up, "done": done}
+
+    lines = [{"kind": "server", "sent": 0.0, "received": 10.0, "replies": 1},
+             {"kind": "server", "sent": 20.0, "received": 30.0, "replies": 2},
+             client(1, 1.0, 5.0, 6.0, 9.0),
+             client(2, 21.0, 24.0, 26.0, 27.5),
+             client(2, None, 25.0, 26.0, 29.0)]  # no /proc: pick-up counted with start-up
+    steps = tracing.breakdown("\n".join(json.dumps(line) for line in lines), first_round=2)
+    assert steps == {tracing.STEPS[0]: [1.0], tracing.STEPS[1]: [3.0, 5.0], tracing.STEPS[2]: [2.0, 1.0],
+                     tracing.STEPS[3]: [1.5, 3.0], tracing.STEPS[4]: [2.5, 1.0]}
