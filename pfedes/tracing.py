@@ -12,19 +12,23 @@ from __future__ import annotations
 import json
 import os
 import time
+from logging import WARNING
 from pathlib import Path
 
+from flwr.common.logger import log
+
 TRACE_ENV = "PFEDES_TRACE"
+now = time.time  # the one clock every trace line uses (comparable across processes)
+_warned: set[str] = set()
 
 
 def process_start_time() -> float | None:
     """When this process started (seconds since the epoch), from /proc; None elsewhere."""
     try:
-        btime = next(int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
-                     if line.startswith("btime"))
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
         ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
-        return btime + ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError, StopIteration):
+        return now() - (uptime - ticks / os.sysconf("SC_CLK_TCK"))  # now minus this process's age
+    except (OSError, ValueError, IndexError):
         return None
 
 
@@ -34,11 +38,14 @@ def record(kind: str, **fields) -> None:
     if not path:
         return
     line = json.dumps({"kind": kind, "pid": os.getpid(), **fields})
-    with open(path, "a", encoding="utf-8") as handle:
-        handle.write(line + "\n")
+    try:
+        with open(path, "a", encoding="utf-8") as handle:
+            handle.write(line + "\n")
+    except OSError as exc:  # a diagnostic never stops training; say so once
+        if path not in _warned:
+            _warned.add(path)
+            log(WARNING, "[pfedes] %s=%s cannot be written (%s): no timing trace", TRACE_ENV, path, exc)
 
-
-now = time.time
 
 STEPS = ("server sends -> ClientApp process starts (polls)",
          "process start -> handler (flwr, torch, app imports)",
