@@ -312,14 +312,14 @@ def device_table(strategies: list[str], runs: list[Run]) -> str | None:
     lines = ["| strategy | " + " | ".join(f"{d} % (gain vs Local-only)" for d in devices) + " |",
              "|---" * (len(devices) + 1) + "|"]
     for name in strategies:
-        mine = [r for r in ok if r.strategy == name]
+        mine = [(r.seed, r.by_device()) for r in ok if r.strategy == name]
         if not mine:
             continue
         cells = []
         for device in devices:
-            accs = [r.by_device()[device] for r in mine if device in r.by_device()]
-            gains = [r.by_device()[device] - local[r.seed][device] for r in mine
-                     if device in r.by_device() and device in local.get(r.seed, {})]
+            accs = [acc[device] for _, acc in mine if device in acc]
+            gains = [acc[device] - local[seed][device] for seed, acc in mine
+                     if device in acc and device in local.get(seed, {})]
             gain = "" if name == LOCAL or not gains else f" ({_pct(mean_std(gains), signed=True)})"
             cells.append(_pct(mean_std(accs)) + gain)
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
