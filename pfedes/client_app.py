@@ -133,7 +133,9 @@ def _setup_errors_as_replies(handler):
 
 def _trace(message_type: str, node: Node, server_round: int, entered: float, set_up: float) -> None:
     """One line of the opt-in timing trace (pfedes.tracing): process start, handler entry,
-    set-up done (data, model, private state), work done."""
+    set-up done (data, model, private state), work done. Nothing is read or written when off."""
+    if not tracing.enabled():
+        return
     tracing.record("clientapp", message=message_type, device=node.device, round=server_round,
                    process_start=tracing.process_start_time(), entered=entered, set_up=set_up,
                    done=tracing.now())

@@ -32,6 +32,10 @@ def process_start_time() -> float | None:
         return None
 
 
+def enabled() -> bool:
+    return bool(os.environ.get(TRACE_ENV))
+
+
 def record(kind: str, **fields) -> None:
     """Append {kind, pid, **fields} to the trace file if PFEDES_TRACE names one."""
     path = os.environ.get(TRACE_ENV)
