@@ -64,8 +64,9 @@ class RunRecorder:
         with self.metrics_path.open("a") as handle:
             handle.write(json.dumps(record) + "\n")
         fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
-        log(INFO, "[pfedes] round %d/%d  acc_mean %s  acc_worst %s  train_loss %s  align_loss %s  "
-            "%.1fs", server_round, self.cfg["num_rounds"], fmt(record["acc_mean"]),
+        log(INFO, "[pfedes] %s seed %s  round %d/%d  acc_mean %s  acc_worst %s  train_loss %s  "
+            "align_loss %s  %.1fs", self.cfg["strategy"]["name"], self.cfg.get("seed"), server_round,
+            self.cfg["num_rounds"], fmt(record["acc_mean"]),
             fmt(record["acc_worst"]), fmt(record["train_loss"]), fmt(record["align_loss"]),
             record["seconds"])
         return record
