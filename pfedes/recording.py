@@ -30,6 +30,7 @@ def round_record(server_round: int, stats: dict[str, Any], seconds: float,
         "train_loss": train.get("train_loss"),
         "align_loss": train.get("align_loss"),
         "train_metrics": dict(train),  # every aggregated train metric of the method
+        "server_metrics": dict(stats.get("server", {})),  # what the strategy itself computed (e.g. CFL)
         "clients_trained": int(stats.get("clients_trained", 0)),
         "clients_dropped": int(stats.get("clients_dropped", 0)),
         "bytes_up": int(stats.get("bytes_up", 0)),

@@ -100,7 +100,10 @@ def test_cfl_splits_a_cluster_when_the_criterion_says_so_and_averages_each_half(
     np.testing.assert_allclose(s.clusters[0]["arrays"]["w"], [1.0, 0.0])                       # (1*[1,.1] + 1*[1,-.1]) / 2
     np.testing.assert_allclose(s.clusters[1]["arrays"]["w"], [(-2.0 - 0.9) / 3, 0.2 / 3], rtol=1e-6)  # (2*[-1,0] + [-.9,.2]) / 3
     np.testing.assert_allclose(out["w"].numpy(), s.clusters[0]["arrays"]["w"])
-    assert s.round_stats["clusters"] == 2
+    server = s.round_stats["server"]  # recorded in metrics.jsonl as server_metrics
+    assert server["clusters"] == 2
+    np.testing.assert_allclose(server["mean_update_norm"], [np.hypot(0.18, 0.04)], rtol=1e-5)
+    np.testing.assert_allclose(server["max_update_norm"], [np.hypot(1.0, 0.1)], rtol=1e-5)
 
 
 def test_cfl_does_not_split_when_updates_agree_and_then_equals_fedavg():

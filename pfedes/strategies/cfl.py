@@ -46,11 +46,16 @@ def cosine_similarities(updates: list[np.ndarray]) -> np.ndarray:
     return unit @ unit.T
 
 
-def should_split(updates: list[np.ndarray], weights: list[float], eps1: float, eps2: float) -> bool:
-    """The CFL criterion: the weighted mean update is small while some update is large."""
+def update_norms(updates: list[np.ndarray], weights: list[float]) -> tuple[float, float]:
+    """(norm of the weighted mean update, largest norm of one update): what the criterion reads."""
     w = np.asarray(weights, dtype=np.float64)
     mean_norm = float(np.linalg.norm(np.tensordot(w / w.sum(), np.stack(updates), axes=1)))
-    max_norm = max(float(np.linalg.norm(u)) for u in updates)
+    return mean_norm, max(float(np.linalg.norm(u)) for u in updates)
+
+
+def should_split(updates: list[np.ndarray], weights: list[float], eps1: float, eps2: float) -> bool:
+    """The CFL criterion: the weighted mean update is small while some update is large."""
+    mean_norm, max_norm = update_norms(updates, weights)
     return mean_norm < eps1 and max_norm > eps2
 
 
@@ -124,6 +129,7 @@ class ClusteredFL(PersonalizedStrategy):
         for i, msg in enumerate(replies):
             by_cluster.setdefault(self.cluster_index(msg.metadata.src_node_id), []).append(i)
         new_clusters: list[dict[str, Any]] = []
+        norms: dict[str, list[float]] = {"mean_update_norm": [], "max_update_norm": []}
         for index, cluster in enumerate(self.clusters):
             members = by_cluster.get(index, [])
             if not members:
@@ -131,6 +137,8 @@ class ClusteredFL(PersonalizedStrategy):
                 continue
             updates = [flat_update(arrays[i], cluster["arrays"]) for i in members]
             w = [weights[i] for i in members]
+            for key, value in zip(norms, update_norms(updates, w)):
+                norms[key].append(value)
             if len(members) >= self.min_split_size and should_split(updates, w, self.eps1, self.eps2):
                 first, second = bipartition(cosine_similarities(updates))
                 nodes = [replies[i].metadata.src_node_id for i in members]
@@ -144,7 +152,8 @@ class ClusteredFL(PersonalizedStrategy):
                 new_clusters.append({"members": cluster["members"],
                                      "arrays": weighted_average([arrays[i] for i in members], w)})
         self.clusters = new_clusters
-        self.round_stats["clusters"] = len(self.clusters)
+        # in metrics.jsonl: how many clusters, and per replying cluster what the criterion read
+        self.round_stats["server"] = {"clusters": len(self.clusters), **norms}
         return self.clusters[0]["arrays"]
 
     # -- checkpoint -------------------------------------------------------------------------
