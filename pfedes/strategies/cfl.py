@@ -53,10 +53,13 @@ def update_norms(updates: list[np.ndarray], weights: list[float]) -> tuple[float
     return mean_norm, max(float(np.linalg.norm(u)) for u in updates)
 
 
-def should_split(updates: list[np.ndarray], weights: list[float], eps1: float, eps2: float) -> bool:
+def criterion_holds(mean_norm: float, max_norm: float, eps1: float, eps2: float) -> bool:
     """The CFL criterion: the weighted mean update is small while some update is large."""
-    mean_norm, max_norm = update_norms(updates, weights)
     return mean_norm < eps1 and max_norm > eps2
+
+
+def should_split(updates: list[np.ndarray], weights: list[float], eps1: float, eps2: float) -> bool:
+    return criterion_holds(*update_norms(updates, weights), eps1, eps2)
 
 
 def bipartition(similarity: np.ndarray) -> tuple[list[int], list[int]]:
@@ -137,9 +140,10 @@ class ClusteredFL(PersonalizedStrategy):
                 continue
             updates = [flat_update(arrays[i], cluster["arrays"]) for i in members]
             w = [weights[i] for i in members]
-            for key, value in zip(norms, update_norms(updates, w)):
-                norms[key].append(value)
-            if len(members) >= self.min_split_size and should_split(updates, w, self.eps1, self.eps2):
+            mean_norm, max_norm = update_norms(updates, w)
+            norms["mean_update_norm"].append(mean_norm)
+            norms["max_update_norm"].append(max_norm)
+            if len(members) >= self.min_split_size and criterion_holds(mean_norm, max_norm, self.eps1, self.eps2):
                 first, second = bipartition(cosine_similarities(updates))
                 nodes = [replies[i].metadata.src_node_id for i in members]
                 group2 = {nodes[j] for j in second}
