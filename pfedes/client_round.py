@@ -18,7 +18,8 @@ def load_node_data(cfg: dict[str, Any], data_path: str, partition_id: int, num_p
     return load_client_data(data_path, data_cfg["partition"], num_partitions, partition_id,
                             int(cfg["seed"]), int(data_cfg["classes_per_client"]),
                             float(data_cfg["alpha"]), int(data_cfg["samples_per_client"]),
-                            float(data_cfg["test_fraction"]), cache_dir)
+                            float(data_cfg["test_fraction"]), cache_dir,
+                            float(data_cfg.get("val_fraction", 0.0)))
 
 
 def build_trainer(cfg: dict[str, Any], arch: str, num_classes: int, partition_id: int):
@@ -43,5 +44,7 @@ def evaluate_round(trainer, arrays: dict[str, torch.Tensor], data: ClientData) -
     if arrays:
         trainer.load_shared(arrays)
     metrics = trainer.evaluate(data)
+    if data.y_val is not None and len(data.y_val):
+        metrics["val_accuracy"] = trainer.accuracy(data.x_val, data.y_val, trainer.predict)["accuracy"]
     metrics["num-examples"] = len(data.y_test)
     return metrics

@@ -116,6 +116,9 @@ def validate(cfg: dict[str, Any]) -> None:
         need(0.0 < float(cfg[key]) <= 1.0, f"{key} must be in (0, 1], got {cfg[key]}")
     need(0.0 < float(cfg["data"]["test_fraction"]) < 1.0,
          f"data.test_fraction must be in (0, 1), got {cfg['data']['test_fraction']}")
+    val = float(cfg["data"].get("val_fraction", 0.0))
+    need(0.0 <= val and val + float(cfg["data"]["test_fraction"]) < 1.0,
+         f"data.val_fraction must be >= 0 and leave a train split beside data.test_fraction, got {val}")
     need(float(cfg["train"]["lr"]) > 0, f"train.lr must be > 0, got {cfg['train']['lr']}")
     need(int(cfg["train"]["batch_size"]) >= 2, "train.batch_size must be >= 2")
     devices = cfg["clients"]["devices"]

@@ -36,6 +36,10 @@ class ClientData:
     x_test: torch.Tensor
     y_test: torch.Tensor
     num_classes: int
+    # The validation split (same label mix), for choosing hyperparameters; empty when
+    # data.val_fraction is 0.
+    x_val: torch.Tensor | None = None
+    y_val: torch.Tensor | None = None
 
     @property
     def num_train(self) -> int:
@@ -174,7 +178,8 @@ class DecodedCache:
 
     @staticmethod
     def nbytes(data: ClientData) -> int:
-        return sum(t.numel() * t.element_size() for t in (data.x_train, data.y_train, data.x_test, data.y_test))
+        return sum(t.numel() * t.element_size() for t in (data.x_train, data.y_train, data.x_test, data.y_test,
+                                                          data.x_val, data.y_val) if t is not None)
 
     def get_or_load(self, key: tuple, load) -> ClientData:
         if key in self._items:
@@ -192,13 +197,14 @@ DECODED = DecodedCache(int(os.environ.get("PFEDES_DATA_CACHE_MB", "512")) * 2**2
 
 def load_client_data(path: str, partition: str, num_partitions: int, partition_id: int, seed: int,
                      classes_per_client: int = 2, alpha: float = 0.3, samples_per_client: int = 0,
-                     test_fraction: float = 0.2, cache_dir: str | Path | None = None) -> ClientData:
-    """One client's local train/test data, decoded once per process while the cache holds it
+                     test_fraction: float = 0.2, cache_dir: str | Path | None = None,
+                     val_fraction: float = 0.0) -> ClientData:
+    """One client's local train/validation/test data, decoded once per process while the cache holds it
     (PFEDES_DATA_CACHE_MB, default 512 MB) and, with `cache_dir`, once per device: a deployed
     ClientApp is a new process per message, and re-partitioning and decoding the dataset would
     cost it seconds each time."""
     key = (path, partition, num_partitions, partition_id, seed, classes_per_client, float(alpha),
-           samples_per_client, float(test_fraction))
+           samples_per_client, float(test_fraction), float(val_fraction))
     if cache_dir is None:
         return DECODED.get_or_load(key, lambda: _load_client_data(*key))
     return DECODED.get_or_load(key, lambda: _load_through_disk(key, Path(cache_dir)))
@@ -228,7 +234,7 @@ def _load_through_disk(key: tuple, cache_dir: Path) -> ClientData:
 
 def _load_client_data(path: str, partition: str, num_partitions: int, partition_id: int, seed: int,
                       classes_per_client: int, alpha: float, samples_per_client: int,
-                      test_fraction: float) -> ClientData:
+                      test_fraction: float, val_fraction: float = 0.0) -> ClientData:
     train_table = load_split(path, "train")
     if num_partitions == 1:
         rows = np.arange(len(train_table))
@@ -240,10 +246,15 @@ def _load_client_data(path: str, partition: str, num_partitions: int, partition_
         rows = np.sort(rng.choice(rows, samples_per_client, replace=False))
     labels = np.asarray(train_table.data.column("label").take(rows).to_numpy(), dtype=np.int64)
     tr, te = stratified_split(labels, test_fraction, rng)
+    va = np.zeros(0, dtype=np.int64)
+    if val_fraction > 0:  # carved from the train split: val_fraction of all the client's rows
+        keep, va = stratified_split(labels[tr], val_fraction / (1.0 - test_fraction), rng)
+        tr, va = tr[keep], tr[va]
     return ClientData(
         x_train=decode_images(train_table, rows[tr]), y_train=torch.from_numpy(labels[tr]),
         x_test=decode_images(train_table, rows[te]), y_test=torch.from_numpy(labels[te]),
         num_classes=num_classes_of(train_table),
+        x_val=decode_images(train_table, rows[va]), y_val=torch.from_numpy(labels[va]),
     )
 
 

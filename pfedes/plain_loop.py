@@ -52,10 +52,13 @@ def run_plain(cfg: dict[str, Any], threads: int | None = None) -> dict[str, Any]
             current = apply_momentum(current, weighted_average(replies, weights), beta)
         evaluated = {k: torch.from_numpy(v.copy()) for k, v in current.items()} \
             if strategy_cls.send_arrays_to_evaluate else {}
-        accs = [evaluate_round(trainers[p], dict(evaluated), load_node_data(cfg, cfg["data"]["path"], p, n))
-                ["accuracy"] for p in range(n)]
+        evals = [evaluate_round(trainers[p], dict(evaluated), load_node_data(cfg, cfg["data"]["path"], p, n))
+                 for p in range(n)]
+        accs = [e["accuracy"] for e in evals]
         now = time.perf_counter()
         rounds.append({"round": server_round, "acc_mean": float(np.mean(accs)),
+                       "val_acc_mean": float(np.mean([e["val_accuracy"] for e in evals]))
+                       if "val_accuracy" in evals[0] else None,
                        "acc_worst": float(np.min(accs)), "seconds": now - t_last})
         t_last = now
     return {"arrays": current, "rounds": rounds, "seconds_total": time.perf_counter() - t_start}

@@ -16,6 +16,7 @@ def round_record(server_round: int, stats: dict[str, Any], seconds: float,
                  global_metrics: dict[str, float] | None = None) -> dict[str, Any]:
     evals = stats.get("eval", [])
     accs = [e["accuracy"] for e in evals]
+    val_accs = [e["val_accuracy"] for e in evals if not np.isnan(e.get("val_accuracy", np.nan))]
     by_device: dict[str, list[float]] = {}
     for e in evals:
         by_device.setdefault(e["device"], []).append(e["accuracy"])
@@ -25,10 +26,12 @@ def round_record(server_round: int, stats: dict[str, Any], seconds: float,
         "round": server_round,
         "acc_mean": float(np.mean(accs)) if accs else None,
         "acc_worst": float(np.min(accs)) if accs else None,
+        "val_acc_mean": float(np.mean(val_accs)) if val_accs else None,
         "acc_by_device": {d: float(np.mean(v)) for d, v in sorted(by_device.items())},
         "acc_by_client": {str(e["partition"]): e["accuracy"] for e in evals},
         "train_loss": train.get("train_loss"),
         "align_loss": train.get("align_loss"),
+        "projection_std": train.get("projection_std"),
         "train_metrics": dict(train),  # every aggregated train metric of the method
         "server_metrics": dict(stats.get("server", {})),  # what the strategy itself computed (e.g. CFL)
         "clients_trained": int(stats.get("clients_trained", 0)),
@@ -66,9 +69,10 @@ class RunRecorder:
             handle.write(json.dumps(record) + "\n")
         fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
         log(INFO, "[pfedes] %s seed %s  round %d/%d  acc_mean %s  acc_worst %s  train_loss %s  "
-            "align_loss %s  %.1fs", self.cfg["strategy"]["name"], self.cfg.get("seed"), server_round,
+            "align_loss %s%s  %.1fs", self.cfg["strategy"]["name"], self.cfg.get("seed"), server_round,
             self.cfg["num_rounds"], fmt(record["acc_mean"]),
             fmt(record["acc_worst"]), fmt(record["train_loss"]), fmt(record["align_loss"]),
+            "" if record.get("proxy_std") is None else f"  proxy_std {record['proxy_std']:.4f}",
             record["seconds"])
         return record
 
@@ -110,7 +114,9 @@ def plot_accuracy(rounds: list[dict[str, Any]], path: Path, title: str) -> None:
     import matplotlib.ticker  # noqa: F401  (MaxNLocator)
 
     xs = [r["round"] for r in rounds if r["acc_mean"] is not None]
-    fig, ax = plt.subplots(figsize=(6, 4))
+    diagnostics = any(r.get("proxy_std") is not None for r in rounds)
+    fig, axes = plt.subplots(1, 2 if diagnostics else 1, figsize=(11 if diagnostics else 6, 4), squeeze=False)
+    ax = axes[0][0]
     ax.plot(xs, [r["acc_mean"] for r in rounds if r["acc_mean"] is not None], marker="o", label="mean")
     ax.plot(xs, [r["acc_worst"] for r in rounds if r["acc_worst"] is not None], marker="s", label="worst client")
     ax.set_xlabel("round")
@@ -120,6 +126,34 @@ def plot_accuracy(rounds: list[dict[str, Any]], path: Path, title: str) -> None:
     ax.grid(alpha=0.3)
     ax.legend()
     ax.set_title(title)
+    if diagnostics:
+        plot_proxy_diagnostics(axes[0][1], rounds)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def plot_proxy_diagnostics(ax, rounds: list[dict[str, Any]]) -> None:
+    """Feature stds (log scale) and the linear-probe accuracy of the shared proxy by round."""
+    def series(key):
+        pts = [(r["round"], r[key]) for r in rounds if r.get(key) is not None]
+        return [p[0] for p in pts], [p[1] for p in pts]
+
+    for key, label in (("proxy_std", "proxy feature std"), ("projection_std", "projection std (clients)")):
+        xs, ys = series(key)
+        ax.plot(xs, ys, marker=".", label=label)
+    ax.set_yscale("log")
+    ax.set_xlabel("round")
+    ax.set_ylabel("mean per-dimension std")
+    ax.grid(alpha=0.3)
+    probe = ax.twinx()
+    for key, label, style in (("probe_acc", "linear probe, trained proxy", "o-"),
+                              ("probe_acc_fresh", "linear probe, fresh proxy", "x--")):
+        xs, ys = series(key)
+        probe.plot(xs, ys, style, color="tab:red" if key == "probe_acc" else "tab:gray", label=label)
+    probe.set_ylim(0, 1)
+    probe.set_ylabel("probe accuracy (unified test, 2nd half)")
+    lines = ax.get_legend_handles_labels()
+    more = probe.get_legend_handles_labels()
+    ax.legend(lines[0] + more[0], lines[1] + more[1], fontsize=7, loc="lower left")
+    ax.set_title("shared proxy")

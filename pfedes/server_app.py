@@ -23,6 +23,7 @@ from .config import ConfigError, experiment_config, overrides_from_run_config
 from .data import load_split, load_unified_test, num_classes_of
 from .grid import PromptGrid
 from .models import resolve_architecture
+from .proxy_monitor import ProxyMonitor
 from .recording import RunRecorder
 from .strategies.base import experiment_json
 
@@ -99,20 +100,24 @@ def run_experiment(grid: Grid, cfg: dict[str, Any]) -> dict[str, Any]:
     recorder = RunRecorder(out_dir, cfg, resume_rounds=previous_rounds)
     global_model = (trainer_cls(cfg, archs[0], num_classes, seed=int(cfg["seed"]))
                     if trainer_cls.has_global_model else None)
+    monitor = (ProxyMonitor(cfg, trainer_cls(cfg, archs[0], num_classes, seed=int(cfg["seed"])), num_classes)
+               if trainer_cls.shares_feature_extractor else None)
 
     def after_round(server_round: int, arrays: ArrayRecord):
         """Flower's server-side evaluation hook: global accuracy (if any), run log, checkpoint."""
         if server_round == 0:
             return None
         server_round += done
-        extra = None
+        extra = {}
         if global_model is not None and len(arrays):
             x, y = load_unified_test(cfg["data"]["path"], int(cfg["data"]["unified_test_samples"]))
             global_model.load_shared(arrays.to_torch_state_dict())
-            extra = {"global_acc": global_model.accuracy(x, y, global_model.global_predict)["accuracy"]}
+            extra["global_acc"] = global_model.accuracy(x, y, global_model.global_predict)["accuracy"]
+        if monitor is not None and len(arrays):
+            extra.update(monitor(server_round, arrays.to_torch_state_dict()))
         recorder.record(server_round, strategy.pop_round_stats(), extra)
         save_checkpoint(checkpoint_path, server_round, arrays, strategy, recorder.rounds, cfg)
-        return MetricRecord(extra) if extra else None
+        return MetricRecord({k: float(v) for k, v in extra.items()}) if extra else None
 
     remaining = int(cfg["num_rounds"]) - done
     exp = ConfigRecord({"experiment": experiment_json(cfg)})

@@ -4,6 +4,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+PROXY_NORMS = ("none", "group", "batch")
+
 
 class InputNorm(nn.Module):
     """Standardises each input over (C, H, W), so [0, 1] and [0, 255] inputs look the same."""
@@ -12,19 +14,49 @@ class InputNorm(nn.Module):
         return F.layer_norm(x, x.shape[1:])
 
 
-class ProxyExtractor(nn.Module):
-    """Input normalisation, three conv layers (16-32-64), global pooling, linear map to d."""
+def _norm_layer(kind: str, channels: int) -> nn.Module:
+    if kind == "group":
+        return nn.GroupNorm(max(1, channels // 8), channels)  # per sample: no statistics to average
+    if kind == "batch":
+        return nn.BatchNorm2d(channels)
+    return nn.Identity()
 
-    def __init__(self, proxy_dim: int = 128) -> None:
+
+class ProxyExtractor(nn.Module):
+    """Input normalisation, three conv layers (16-32-64), global pooling, linear map to d.
+
+    `norm` puts a normalisation after each conv (`group`: GroupNorm, per sample, so nothing
+    client-specific is averaged; `batch`: BatchNorm, whose running statistics are shared too).
+    `num_classes` > 0 adds a classifier on the d features (`classifier`) that travels with the
+    proxy: the supervised signal that lets every client's labels reach the shared network.
+    The key names of the plain form (norm none, no classifier) are the seed form's.
+    """
+
+    def __init__(self, proxy_dim: int = 128, norm: str = "none", num_classes: int = 0) -> None:
         super().__init__()
+        if norm not in PROXY_NORMS:
+            raise ValueError(f"model.proxy_norm '{norm}' is unknown: expected one of {list(PROXY_NORMS)}")
         self.norm = InputNorm()
-        self.body = nn.Sequential(
-            nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(inplace=True), nn.MaxPool2d(2),
-            nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(inplace=True), nn.MaxPool2d(2),
-            nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(inplace=True),
-            nn.AdaptiveAvgPool2d(1), nn.Flatten(),
-        )
+        layers: list[nn.Module] = []
+        c_in = 3
+        for i, c_out in enumerate((16, 32, 64)):
+            layers += [nn.Conv2d(c_in, c_out, 3, padding=1, bias=norm == "none")]
+            if norm != "none":
+                layers.append(_norm_layer(norm, c_out))
+            layers.append(nn.ReLU(inplace=True))
+            if i < 2:
+                layers.append(nn.MaxPool2d(2))
+            c_in = c_out
+        self.body = nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten())
         self.out = nn.Linear(64, proxy_dim)
+        self.classifier = nn.Linear(proxy_dim, num_classes) if num_classes > 0 else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The d-dimensional proxy features e_proxy."""
         return self.out(self.body(self.norm(x)))
+
+    def classify(self, features: torch.Tensor) -> torch.Tensor:
+        """Logits of the shared classifier on proxy features."""
+        if self.classifier is None:
+            raise RuntimeError("this proxy has no classifier (strategy.proxy_ce_weight is 0)")
+        return self.classifier(features)

@@ -253,6 +253,7 @@ class PersonalizedStrategy(FedAvg):
                                          "device": str(info.get("device", "?")),
                                          "accuracy": float(metrics["accuracy"]),
                                          "loss": float(metrics.get("loss", float("nan"))),
+                                         "val_accuracy": float(metrics.get("val_accuracy", float("nan"))),
                                          "num-examples": int(metrics.get(WEIGHT_KEY, 0))})
 
 

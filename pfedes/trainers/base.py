@@ -30,6 +30,7 @@ class Trainer:
     """
 
     has_global_model = False
+    shares_feature_extractor = False  # methods that share one set `shared_features` (proxy diagnostics)
     requires_same_architecture = False  # homogeneous-model methods set this
 
     def __init__(self, cfg: dict[str, Any], arch: str, num_classes: int, seed: int) -> None:
@@ -130,6 +131,10 @@ class Trainer:
     def evaluate(self, data: ClientData) -> dict[str, float]:
         """Personalized accuracy: the personal model on the client's own held-out split."""
         return self.accuracy(data.x_test, data.y_test, self.predict)
+
+    def shared_features(self, x: torch.Tensor) -> torch.Tensor:
+        """Features of the shared extractor (methods with `shares_feature_extractor`)."""
+        raise NotImplementedError
 
     def global_predict(self, x: torch.Tensor) -> torch.Tensor:
         """Logits of the global model after `load_shared` (methods with `has_global_model`)."""

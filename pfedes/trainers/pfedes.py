@@ -1,36 +1,83 @@
-"""pFedES client update: align the private features with the shared proxy extractor.
+"""pFedES client update: align the private features with the shared proxy extractor, and (in the
+default preset) let the proxy learn from the labels and take part in the prediction.
 
-Per batch: z = F_k(x), logits = H_k(z), e_local = P_k(z), e_proxy = E_proxy(x) without gradient;
-loss = CE(logits, y) + lam * align(e_local, e_proxy) steps F_k, H_k, P_k. Then E_proxy takes one
-step toward e_local.detach() with its own optimizer at proxy_lr_scale * lr. During the first
-`warmup_steps` local steps F_k is frozen (only P_k and H_k train) and E_proxy is left alone,
-since an untrained P_k would only pull the proxy toward noise.
+Per batch, with z = F_k(x), e_local = P_k(z), e_proxy = E_proxy(x):
+
+- private loss: CE(personal logits, y) + lam * align(e_local, e_proxy.detach())
+  + anti_collapse(e_local); steps F_k, H_k, P_k (and the private proxy head, below);
+- proxy loss: proxy_align_weight * align(e_proxy, e_local.detach())
+  + proxy_ce_weight * CE(C(e_proxy), y) + anti_collapse(e_proxy); steps E_proxy (with its shared
+  classifier C) with its own optimizer at proxy_lr_scale * lr.
+
+The two stop-gradients keep each side's alignment target fixed, as in the seed form (which is
+lam, proxy_align_weight = 1, everything else off). `fusion` says how E_proxy reaches the
+personal prediction:
+
+- `none`: logits = H_k(z) (the seed form: the proxy never touches a prediction);
+- `concat`: logits = H_k([z, e_proxy]) (H_k is built on the wider vector); the CE gradient
+  reaches E_proxy too;
+- `ensemble`: a private head G_k on e_proxy; logits = log(0.5 softmax(H_k(z)) +
+  0.5 softmax(G_k(e_proxy))), each of H_k and G_k trained by its own CE (G_k's reaches E_proxy),
+  so the shared branch is a FedPer-style model on the proxy, personalised by G_k.
+
+During the first `warmup_steps` local steps F_k is frozen and E_proxy is left alone, since an
+untrained P_k would only pull the proxy toward noise.
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
+from torch import nn
 from torch.nn import functional as F
 
 from ..models import ProxyExtractor
+from .alignment import ALIGN_KINDS, align_loss, anti_collapse
 from .base import Trainer
 
+FUSIONS = ("none", "concat", "ensemble")
 
-def align_loss(a: torch.Tensor, b: torch.Tensor, kind: str) -> torch.Tensor:
-    if kind == "mse":
-        return F.mse_loss(a, b)
-    if kind == "cosine":
-        return -F.cosine_similarity(a, b, dim=1).mean()
-    raise ValueError(f"strategy.align '{kind}' is unknown: expected mse or cosine")
+
+def _check(name: str, value: float, low: float = 0.0, strict: bool = False) -> float:
+    value = float(value)
+    ok = math.isfinite(value) and (value > low if strict else value >= low)
+    if not ok:
+        raise ValueError(f"strategy.{name} must be {'>' if strict else '>='} {low:g}, got {value:g}")
+    return value
 
 
 class PFedESTrainer(Trainer):
+    shares_feature_extractor = True
+
     def build_extra_modules(self) -> None:
-        self.proxy = ProxyExtractor(self.cfg["model"]["proxy_dim"])
+        s, d = self.cfg["strategy"], int(self.cfg["model"]["proxy_dim"])
+        self.lam = _check("lam", s["lam"])
+        self.align = s["align"]
+        if self.align not in ALIGN_KINDS:
+            raise ValueError(f"strategy.align '{self.align}' is unknown: expected one of {list(ALIGN_KINDS)}")
+        self.temperature = _check("temperature", s.get("temperature", 0.1), strict=True)
+        self.warmup_steps = int(_check("warmup_steps", s["warmup_steps"]))
+        self.proxy_align_weight = _check("proxy_align_weight", s.get("proxy_align_weight", 1.0))
+        self.proxy_ce_weight = _check("proxy_ce_weight", s.get("proxy_ce_weight", 0.0))
+        self.variance_weight = _check("variance_weight", s.get("variance_weight", 0.0))
+        self.covariance_weight = _check("covariance_weight", s.get("covariance_weight", 0.0))
+        _check("proxy_lr_scale", s["proxy_lr_scale"], strict=True)
+        self.fusion = s.get("fusion", "none")
+        if self.fusion not in FUSIONS:
+            raise ValueError(f"strategy.fusion '{self.fusion}' is unknown: expected one of {list(FUSIONS)}")
+        num_classes = self.model.head.out_features
+        self.proxy = ProxyExtractor(d, norm=self.cfg["model"].get("proxy_norm", "none"),
+                                    num_classes=num_classes if self.proxy_ce_weight else 0)
         self.exchange["proxy"] = self.proxy
-        s = self.cfg["strategy"]
-        self.lam, self.align, self.warmup_steps = float(s["lam"]), s["align"], int(s["warmup_steps"])
-        align_loss(torch.zeros(1, 1), torch.zeros(1, 1), self.align)  # reject a bad kind early
+        if self.fusion == "concat":
+            self.model.head = nn.Linear(self.model.head.in_features + d, num_classes)
+            self.exchange["head"] = self.model.head
+        elif self.fusion == "ensemble":
+            self.private["proxy_head"] = nn.Linear(d, num_classes)
+
+    def trainable_parameters(self):
+        return [*self.model.parameters(), *self.private.parameters()]
 
     def begin_round(self) -> None:
         # The proxy is replaced by the server's each round: its optimizer starts fresh too.
@@ -40,27 +87,59 @@ class PFedESTrainer(Trainer):
             momentum=train["momentum"])
         self.proxy.train()
 
+    def _align(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return align_loss(a, b, self.align, self.temperature)
+
+    def _personal_logits(self, z: torch.Tensor, e_proxy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(logits of the personal prediction, the CE loss its parts are trained with)."""
+        if self.fusion == "concat":
+            return self.model.head(torch.cat([z, e_proxy], dim=1)), None
+        logits = self.model.head(z)
+        if self.fusion == "ensemble":
+            proxy_logits = self.private["proxy_head"](e_proxy)
+            mixed = torch.logsumexp(torch.stack([F.log_softmax(logits, 1), F.log_softmax(proxy_logits, 1)]),
+                                    dim=0) - math.log(2.0)
+            return mixed, (logits, proxy_logits)
+        return logits, None
+
     def train_step(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
         warm = self.steps < self.warmup_steps
-        # Step 1-3: the private model, with the proxy's output as a fixed target.
         with torch.set_grad_enabled(not warm):
             z = self.model.backbone(x)
-        logits = self.model.head(z)
-        e_local = self.model.projection(z)
-        with torch.no_grad():
             e_proxy = self.proxy(x)
-        ce = F.cross_entropy(logits, y)
-        alignment = align_loss(e_local, e_proxy, self.align)
-        loss = ce + self.lam * alignment
-        self.optimizer.zero_grad()
-        loss.backward()
-        self.optimizer.step()
-        metrics = {"train_loss": ce.item(), "align_loss": alignment.item()}
-        # Step 4: the proxy, with the private projection as a fixed target.
+        e_local = self.model.projection(z)
+        logits, parts = self._personal_logits(z, e_proxy)
+        if parts is None:
+            ce = F.cross_entropy(logits, y)
+        else:  # each branch of the ensemble learns from the labels on its own
+            ce = sum(F.cross_entropy(p, y) for p in parts)
+        alignment = self._align(e_local, e_proxy.detach())
+        private_loss = ce + self.lam * alignment + anti_collapse(
+            e_local, self.variance_weight, self.covariance_weight)
+        metrics = {"train_loss": F.cross_entropy(logits, y).item(), "align_loss": alignment.item(),
+                   "projection_std": e_local.detach().std(dim=0).mean().item(),
+                   "proxy_batch_std": e_proxy.detach().std(dim=0).mean().item()}
+        proxy_loss = None
         if not warm:
-            proxy_loss = align_loss(self.proxy(x), e_local.detach(), self.align)
-            self.proxy_optimizer.zero_grad()
-            proxy_loss.backward()
-            self.proxy_optimizer.step()
+            proxy_loss = self.proxy_align_weight * self._align(e_proxy, e_local.detach()) + anti_collapse(
+                e_proxy, self.variance_weight, self.covariance_weight)
+            if self.proxy_ce_weight:
+                shared_ce = F.cross_entropy(self.proxy.classify(e_proxy), y)
+                proxy_loss = proxy_loss + self.proxy_ce_weight * shared_ce
+                metrics["proxy_ce"] = shared_ce.item()
             metrics["proxy_loss"] = proxy_loss.item()
+        self.optimizer.zero_grad()
+        self.proxy_optimizer.zero_grad()
+        (private_loss if proxy_loss is None else private_loss + proxy_loss).backward()
+        self.optimizer.step()
+        if proxy_loss is not None:
+            self.proxy_optimizer.step()
         return metrics
+
+    def predict(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fusion == "none":
+            return self.model(x)
+        return self._personal_logits(self.model.backbone(x), self.proxy(x))[0]
+
+    def shared_features(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proxy(x)

@@ -1,0 +1,160 @@
+"""pFedES's anti-collapse remedies and fusion modes: their math on hand-computed numbers, what
+each one trains, what leaves the client, and the server's collapse diagnostics."""
+
+import logging
+import math
+
+import pytest
+import torch
+from torch.nn import functional as F
+
+from conftest import make_cfg
+from pfedes.proxy_monitor import ProxyMonitor, feature_std, linear_probe
+from pfedes.trainers.alignment import align_loss, anti_collapse, covariance_penalty, variance_hinge
+from pfedes.trainers.pfedes import PFedESTrainer
+
+
+def trainer(arch="cnn3", **over):
+    cfg = make_cfg(*(f"strategy.{k}={v}" for k, v in over.items() if k != "proxy_norm"),
+                   f"model.proxy_norm={over.get('proxy_norm', 'none')}")
+    t = PFedESTrainer(cfg, arch, num_classes=10, seed=0)
+    t.begin_round()
+    return t
+
+
+# -- the losses ------------------------------------------------------------------------------
+def test_infonce_on_hand_computed_numbers():
+    a = torch.tensor([[1.0, 0.0], [0.0, 2.0]])
+    b = torch.tensor([[3.0, 0.0], [1.0, 1.0]])
+    # cosines: row 0 -> [1, 1/sqrt2], row 1 -> [0, 1/sqrt2]; divided by t = 0.5
+    t = 0.5
+    s = 1 / math.sqrt(2)
+    expected = 0.5 * ((-1 / t + math.log(math.exp(1 / t) + math.exp(s / t)))
+                      + (-s / t + math.log(math.exp(0) + math.exp(s / t))))
+    assert align_loss(a, b, "infonce", t).item() == pytest.approx(expected, rel=1e-5)
+
+
+def test_infonce_cannot_be_satisfied_by_a_constant_map():
+    x = torch.randn(16, 8)
+    constant = torch.ones(16, 8)
+    # a constant target makes every sample equally likely: the loss is log(batch), not 0
+    assert align_loss(x, constant, "infonce", 0.1).item() == pytest.approx(math.log(16), rel=1e-4)
+    assert align_loss(x, x, "infonce", 0.1).item() < 0.1
+    # while MSE to a constant is minimised by the constant itself
+    assert align_loss(constant, constant, "mse").item() == 0.0
+
+
+def test_variance_hinge_and_covariance_penalty_on_hand_computed_numbers():
+    z = torch.tensor([[0.0, 0.0], [2.0, 2.0]])  # var 2 per dim (unbiased): std > 1, no hinge
+    assert variance_hinge(z).item() == 0.0
+    collapsed = torch.ones(5, 3)
+    assert variance_hinge(collapsed).item() == pytest.approx(1 - math.sqrt(1e-4))
+    # centred: [[-1,-1],[1,1]]; cov = [[2,2],[2,2]]; off-diagonal squares 2*4 = 8, / d = 2 -> 4
+    assert covariance_penalty(z).item() == pytest.approx(4.0)
+    assert anti_collapse(z, 0.0, 0.0).item() == 0.0
+    assert anti_collapse(collapsed, 2.0, 1.0).item() == pytest.approx(2 * (1 - math.sqrt(1e-4)))
+
+
+# -- what each setting trains and shares ------------------------------------------------------
+def test_proxy_classifier_is_shared_and_learns_from_labels():
+    t = trainer(proxy_ce_weight=1.0, warmup_steps=0, proxy_align_weight=0.0, lam=0.0)
+    shared = t.shared_state()
+    assert "proxy.classifier.weight" in shared and all(k.startswith("proxy.") for k in shared)
+    before = t.proxy.classifier.weight.detach().clone()
+    metrics = t.train_step(torch.randn(8, 3, 32, 32), torch.randint(0, 10, (8,)))
+    assert "proxy_ce" in metrics
+    assert not torch.equal(before, t.proxy.classifier.weight)
+
+
+def test_without_a_classifier_the_shared_keys_are_the_seed_forms():
+    assert not any("classifier" in k for k in trainer().shared_state())
+
+
+def test_concat_fusion_feeds_the_proxy_into_the_private_head():
+    t = trainer(fusion="concat", warmup_steps=0)
+    assert t.model.head.in_features == t.model.backbone.out_dim + 128
+    assert t.exchange["head"] is t.model.head
+    x = torch.randn(4, 3, 32, 32)
+    z, e = t.model.backbone(x), t.proxy(x)
+    torch.testing.assert_close(t.predict(x), t.model.head(torch.cat([z, e], 1)))
+    # the personal CE reaches E_proxy
+    F.cross_entropy(t.predict(x), torch.zeros(4, dtype=torch.long)).backward()
+    assert t.proxy.out.weight.grad is not None and t.proxy.out.weight.grad.abs().sum() > 0
+    assert not any(k.startswith("head") for k in t.shared_state())
+
+
+def test_ensemble_prediction_is_the_mean_of_the_two_branches_probabilities():
+    t = trainer(fusion="ensemble")
+    t.exchange.eval()
+    t.private.eval()
+    x = torch.randn(4, 3, 32, 32)
+    with torch.no_grad():
+        p_private = F.softmax(t.model.head(t.model.backbone(x)), 1)
+        p_proxy = F.softmax(t.private["proxy_head"](t.proxy(x)), 1)
+        torch.testing.assert_close(t.predict(x).exp(), 0.5 * (p_private + p_proxy))
+    # the private proxy head never leaves the client, and is persisted with it
+    assert not any("proxy_head" in k for k in t.shared_state())
+    assert any("proxy_head" in k for k in t.state_dict()["private"])
+
+
+def test_the_seed_form_keeps_the_proxy_out_of_the_private_gradient():
+    t = trainer(warmup_steps=0)
+    x, y = torch.randn(8, 3, 32, 32), torch.randint(0, 10, (8,))
+    before = {k: v.clone() for k, v in t.proxy.state_dict().items()}
+    t.proxy_optimizer.step = lambda *a, **k: None  # only the private optimiser steps
+    t.train_step(x, y)
+    assert all(torch.equal(before[k], v) for k, v in t.proxy.state_dict().items())
+
+
+@pytest.mark.parametrize("norm", ["group", "batch"])
+def test_normalised_proxies_share_the_same_keys_on_every_architecture(norm):
+    shapes = [{k: tuple(v.shape) for k, v in trainer(a, proxy_norm=norm).shared_state().items()}
+              for a in ("cnn3", "resnet_bn", "vit_small")]
+    assert shapes[0] == shapes[1] == shapes[2]
+
+
+@pytest.mark.parametrize("setting, value, message", [
+    ("lam", -1, "strategy.lam must be >= 0, got -1"),
+    ("temperature", 0, "strategy.temperature must be > 0, got 0"),
+    ("variance_weight", -0.5, "strategy.variance_weight must be >= 0"),
+    ("proxy_ce_weight", -1, "strategy.proxy_ce_weight must be >= 0"),
+    ("fusion", "mixture", "strategy.fusion 'mixture' is unknown"),
+    ("align", "l1", "strategy.align 'l1' is unknown"),
+    ("proxy_norm", "layer", "model.proxy_norm 'layer' is unknown"),
+])
+def test_a_bad_setting_is_named(setting, value, message):
+    with pytest.raises(ValueError, match=message):
+        trainer(**{setting: value})
+
+
+# -- the server's diagnostics -----------------------------------------------------------------
+def test_linear_probe_separates_separable_features_and_not_noise():
+    g = torch.Generator().manual_seed(0)
+    labels = torch.arange(400) % 4
+    separable = F.one_hot(labels, 4).float() * 3 + 0.1 * torch.randn(400, 4, generator=g)
+    noise = torch.randn(400, 4, generator=g)
+    assert linear_probe(separable, labels, 4) > 0.95
+    assert linear_probe(noise, labels, 4) < 0.45
+
+
+def test_monitor_warns_once_when_the_proxy_collapses(caplog):
+    cfg = make_cfg("data.unified_test_samples=64", "num_rounds=10", "strategy.probe_every=2")
+    t = PFedESTrainer(cfg, "cnn3", num_classes=10, seed=0)
+    monitor = ProxyMonitor(cfg, t, 10)
+    first = monitor(1, t.shared_state())
+    assert first["proxy_std"] > 0 and not first["proxy_collapsed"] and "probe_acc" not in first
+    second = monitor(2, t.shared_state())
+    assert second["probe_acc"] == pytest.approx(second["probe_acc_fresh"])  # same proxy, same probe
+    # shrink the output map: every feature moves toward the bias, so the std falls by 100x
+    squeezed = {k: (v * 0.01 if k == "proxy.out.weight" else v) for k, v in t.shared_state().items()}
+    with caplog.at_level(logging.WARNING):
+        third = monitor(3, squeezed)
+        monitor(4, squeezed)
+    assert third["proxy_collapsed"]
+    assert third["proxy_std"] == pytest.approx(0.01 * first["proxy_std"], rel=1e-3)
+    assert sum("has collapsed" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_feature_std_is_the_mean_per_dimension_std():
+    f = torch.tensor([[0.0, 1.0], [2.0, 1.0]])
+    assert feature_std(f) == pytest.approx(math.sqrt(2) / 2)
