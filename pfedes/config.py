@@ -119,6 +119,7 @@ def validate(cfg: dict[str, Any]) -> None:
     val = float(cfg["data"].get("val_fraction", 0.0))
     need(0.0 <= val and val + float(cfg["data"]["test_fraction"]) < 1.0,
          f"data.val_fraction must be >= 0 and leave a train split beside data.test_fraction, got {val}")
+    need(int(cfg["probe_every"]) >= 1, f"probe_every must be >= 1, got {cfg['probe_every']}")
     need(float(cfg["train"]["lr"]) > 0, f"train.lr must be > 0, got {cfg['train']['lr']}")
     need(int(cfg["train"]["batch_size"]) >= 2, "train.batch_size must be >= 2")
     devices = cfg["clients"]["devices"]

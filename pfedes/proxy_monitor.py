@@ -4,7 +4,7 @@ the unified test set (test.parquet, `data.unified_test_samples` rows):
 
 - `proxy_std`: the mean over dimensions of the std of E_proxy(x) across samples;
 - `probe_acc`: a linear classifier trained on the proxy's features of the first half of those
-  rows and scored on the second half, every `strategy.probe_every` rounds and the last;
+  rows and scored on the second half, every `probe_every` rounds and the last;
   `probe_acc_fresh` is the same probe on the proxy as initialised (same seed), computed once.
 
 A proxy whose std falls below `COLLAPSE_RATIO` of its round-1 value has collapsed to a
@@ -61,7 +61,7 @@ class ProxyMonitor:
         """`trainer`: a server-side trainer of the method, holding the initial shared entries."""
         self.trainer = trainer
         self.num_classes = num_classes
-        self.every = int(cfg["strategy"].get("probe_every", 5))
+        self.every = int(cfg["probe_every"])
         self.num_rounds = int(cfg["num_rounds"])
         x, y = load_unified_test(cfg["data"]["path"], int(cfg["data"]["unified_test_samples"]))
         self.x, self.y = to_input(x), y

@@ -48,6 +48,19 @@ def prepare(cfg: dict[str, Any]) -> dict[str, Any]:
     return cfg
 
 
+def check_method_settings(cfg: dict[str, Any]) -> None:
+    """Build the method's trainer once for each architecture in clients.devices, as a client
+    would: a setting it cannot take (a negative weight, an unknown fusion) raises ConfigError
+    with the trainer's one-line message, before any client starts."""
+    trainer_cls = get_class(cfg["strategy"]["trainer"])
+    num_classes = num_classes_of(load_split(cfg["data"]["path"], "train"))
+    for device in dict.fromkeys(cfg["clients"]["devices"]):
+        try:
+            trainer_cls(cfg, resolve_architecture(device, cfg["model"]["profiles"]), num_classes, seed=0)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+
+
 def config_fingerprint(cfg: dict[str, Any]) -> str:
     fixed = {k: v for k, v in cfg.items() if k not in RESUME_FREE_KEYS}
     return hashlib.sha256(json.dumps(fixed, sort_keys=True).encode()).hexdigest()[:16]

@@ -23,10 +23,11 @@ def simulate(cfg: dict[str, Any]) -> dict[str, Any]:
     from flwr.simulation import run_simulation
 
     from .client_app import app as client_app
-    from .server_app import prepare, run_experiment
+    from .server_app import check_method_settings, prepare, run_experiment
 
     validate(cfg)
     resolve_data_dir(cfg["data"]["path"])  # fail fast, with one line, before Ray starts
+    check_method_settings(cfg)
     cfg = prepare(cfg)
     result: dict[str, Any] = {}
     server_app = ServerApp()

@@ -138,7 +138,7 @@ def test_linear_probe_separates_separable_features_and_not_noise():
 
 
 def test_monitor_warns_once_when_the_proxy_collapses(caplog):
-    cfg = make_cfg("data.unified_test_samples=64", "num_rounds=10", "strategy.probe_every=2")
+    cfg = make_cfg("data.unified_test_samples=64", "num_rounds=10", "probe_every=2")
     t = PFedESTrainer(cfg, "cnn3", num_classes=10, seed=0)
     monitor = ProxyMonitor(cfg, t, 10)
     first = monitor(1, t.shared_state())

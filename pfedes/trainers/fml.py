@@ -28,6 +28,7 @@ def mutual_kl(student_logits: torch.Tensor, teacher_logits: torch.Tensor) -> tor
 
 class FMLTrainer(Trainer):
     has_global_model = True
+    shares_feature_extractor = True  # the meme's E_proxy: the server's proxy diagnostics apply
 
     def build_extra_modules(self) -> None:
         d = int(self.cfg["model"]["proxy_dim"])
@@ -60,3 +61,6 @@ class FMLTrainer(Trainer):
 
     def global_predict(self, x: torch.Tensor) -> torch.Tensor:
         return self.meme(x)
+
+    def shared_features(self, x: torch.Tensor) -> torch.Tensor:
+        return self.meme[0](x)
