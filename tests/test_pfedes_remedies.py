@@ -15,8 +15,7 @@ from pfedes.trainers.pfedes import PFedESTrainer
 
 
 def trainer(arch="cnn3", **over):
-    cfg = make_cfg(*(f"strategy.{k}={v}" for k, v in over.items() if k != "proxy_norm"),
-                   f"model.proxy_norm={over.get('proxy_norm', 'none')}")
+    cfg = make_cfg(*(f"strategy.{k}={v}" for k, v in over.items()))
     t = PFedESTrainer(cfg, arch, num_classes=10, seed=0)
     t.begin_round()
     return t
@@ -120,7 +119,7 @@ def test_normalised_proxies_share_the_same_keys_on_every_architecture(norm):
     ("proxy_ce_weight", -1, "strategy.proxy_ce_weight must be >= 0"),
     ("fusion", "mixture", "strategy.fusion 'mixture' is unknown"),
     ("align", "l1", "strategy.align 'l1' is unknown"),
-    ("proxy_norm", "layer", "model.proxy_norm 'layer' is unknown"),
+    ("proxy_norm", "layer", "strategy.proxy_norm 'layer' is unknown"),
 ])
 def test_a_bad_setting_is_named(setting, value, message):
     with pytest.raises(ValueError, match=message):

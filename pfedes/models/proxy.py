@@ -35,7 +35,7 @@ class ProxyExtractor(nn.Module):
     def __init__(self, proxy_dim: int = 128, norm: str = "none", num_classes: int = 0) -> None:
         super().__init__()
         if norm not in PROXY_NORMS:
-            raise ValueError(f"model.proxy_norm '{norm}' is unknown: expected one of {list(PROXY_NORMS)}")
+            raise ValueError(f"strategy.proxy_norm '{norm}' is unknown: expected one of {list(PROXY_NORMS)}")
         self.norm = InputNorm()
         layers: list[nn.Module] = []
         c_in = 3

@@ -67,7 +67,7 @@ class PFedESTrainer(Trainer):
         if self.fusion not in FUSIONS:
             raise ValueError(f"strategy.fusion '{self.fusion}' is unknown: expected one of {list(FUSIONS)}")
         num_classes = self.model.head.out_features
-        self.proxy = ProxyExtractor(d, norm=self.cfg["model"].get("proxy_norm", "none"),
+        self.proxy = ProxyExtractor(d, norm=s.get("proxy_norm", "none"),
                                     num_classes=num_classes if self.proxy_ce_weight else 0)
         self.exchange["proxy"] = self.proxy
         if self.fusion == "concat":
