@@ -59,6 +59,8 @@ def run_plain(cfg: dict[str, Any], threads: int | None = None) -> dict[str, Any]
         rounds.append({"round": server_round, "acc_mean": float(np.mean(accs)),
                        "val_acc_mean": float(np.mean([e["val_accuracy"] for e in evals]))
                        if "val_accuracy" in evals[0] else None,
-                       "acc_worst": float(np.min(accs)), "seconds": now - t_last})
+                       "acc_worst": float(np.min(accs)), "seconds": now - t_last,
+                       "eval_means": {k: float(np.mean([e[k] for e in evals])) for k in evals[0]
+                                      if k != "num-examples"}})
         t_last = now
     return {"arrays": current, "rounds": rounds, "seconds_total": time.perf_counter() - t_start}

@@ -34,13 +34,14 @@ def test_infonce_on_hand_computed_numbers():
 
 
 def test_infonce_cannot_be_satisfied_by_a_constant_map():
-    x = torch.randn(16, 8)
-    constant = torch.ones(16, 8)
+    x = torch.eye(16)  # every sample points its own way
+    constant = torch.ones(16, 16)
     # a constant target makes every sample equally likely: the loss is log(batch), not 0
     assert align_loss(x, constant, "infonce", 0.1).item() == pytest.approx(math.log(16), rel=1e-4)
     assert align_loss(x, x, "infonce", 0.1).item() < 0.1
     # while MSE to a constant is minimised by the constant itself
     assert align_loss(constant, constant, "mse").item() == 0.0
+    assert align_loss(torch.randn(16, 8), constant[:, :8], "infonce", 0.1).item() == pytest.approx(math.log(16), rel=1e-4)
 
 
 def test_variance_hinge_and_covariance_penalty_on_hand_computed_numbers():

@@ -20,6 +20,11 @@ personal prediction:
   0.5 softmax(G_k(e_proxy))), each of H_k and G_k trained by its own CE (G_k's reaches E_proxy),
   so the shared branch is a FedPer-style model on the proxy, personalised by G_k.
 
+`proxy_epochs` > 0 adds that many passes after the joint ones in which only the shared branch
+learns (E_proxy with its classifier and, with `ensemble`, G_k), on the proxy loss (plus G_k's CE)
+with F_k and P_k fixed: the proxy costs a fraction of a private model's step, so it can take
+more of them.
+
 During the first `warmup_steps` local steps F_k is frozen and E_proxy is left alone, since an
 untrained P_k would only pull the proxy toward noise.
 """
@@ -63,6 +68,7 @@ class PFedESTrainer(Trainer):
         self.variance_weight = _check("variance_weight", s.get("variance_weight", 0.0))
         self.covariance_weight = _check("covariance_weight", s.get("covariance_weight", 0.0))
         _check("proxy_lr_scale", s["proxy_lr_scale"], strict=True)
+        self.proxy_epochs = int(_check("proxy_epochs", s.get("proxy_epochs", 0)))
         self.fusion = s.get("fusion", "none")
         if self.fusion not in FUSIONS:
             raise ValueError(f"strategy.fusion '{self.fusion}' is unknown: expected one of {list(FUSIONS)}")
@@ -86,6 +92,47 @@ class PFedESTrainer(Trainer):
             self.proxy.parameters(), lr=train["lr"] * float(self.cfg["strategy"]["proxy_lr_scale"]),
             momentum=train["momentum"])
         self.proxy.train()
+
+    def train_epochs(self, data, generator: torch.Generator, epochs: int) -> dict[str, float]:
+        metrics = super().train_epochs(data, generator, epochs)
+        if self.proxy_epochs and self.steps >= self.warmup_steps:
+            step, self.train_step = self.train_step, self.proxy_step
+            try:
+                proxy = super().train_epochs(data, generator, self.proxy_epochs)
+            finally:
+                self.train_step = step
+            metrics.update({f"extra_{k}": v for k, v in proxy.items()})
+        return metrics
+
+    def proxy_loss(self, x: torch.Tensor, y: torch.Tensor, e_proxy: torch.Tensor, e_local: torch.Tensor,
+                   metrics: dict[str, float]) -> torch.Tensor:
+        """The shared branch's own loss; `e_local` is a fixed target."""
+        loss = self.proxy_align_weight * self._align(e_proxy, e_local.detach()) + anti_collapse(
+            e_proxy, self.variance_weight, self.covariance_weight)
+        if self.proxy_ce_weight:
+            shared_ce = F.cross_entropy(self.proxy.classify(e_proxy), y)
+            loss = loss + self.proxy_ce_weight * shared_ce
+            metrics["proxy_ce"] = shared_ce.item()
+        metrics["proxy_loss"] = loss.item()
+        return loss
+
+    def proxy_step(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
+        """One step of the shared branch alone (E_proxy, its classifier, and G_k with `ensemble`)."""
+        with torch.no_grad():
+            e_local = self.model.projection(self.model.backbone(x))
+        e_proxy = self.proxy(x)
+        metrics: dict[str, float] = {}
+        loss = self.proxy_loss(x, y, e_proxy, e_local, metrics)
+        if self.fusion == "ensemble":
+            branch_ce = F.cross_entropy(self.private["proxy_head"](e_proxy), y)
+            loss = loss + branch_ce
+            metrics["proxy_branch_ce"] = branch_ce.item()
+        self.optimizer.zero_grad()
+        self.proxy_optimizer.zero_grad()
+        loss.backward()
+        self.optimizer.step()  # only G_k has gradients here: SGD leaves the rest as they are
+        self.proxy_optimizer.step()
+        return metrics
 
     def _align(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         return align_loss(a, b, self.align, self.temperature)
@@ -119,21 +166,25 @@ class PFedESTrainer(Trainer):
         metrics = {"train_loss": F.cross_entropy(logits, y).item(), "align_loss": alignment.item(),
                    "projection_std": e_local.detach().std(dim=0).mean().item(),
                    "proxy_batch_std": e_proxy.detach().std(dim=0).mean().item()}
-        proxy_loss = None
-        if not warm:
-            proxy_loss = self.proxy_align_weight * self._align(e_proxy, e_local.detach()) + anti_collapse(
-                e_proxy, self.variance_weight, self.covariance_weight)
-            if self.proxy_ce_weight:
-                shared_ce = F.cross_entropy(self.proxy.classify(e_proxy), y)
-                proxy_loss = proxy_loss + self.proxy_ce_weight * shared_ce
-                metrics["proxy_ce"] = shared_ce.item()
-            metrics["proxy_loss"] = proxy_loss.item()
+        proxy_loss = None if warm else self.proxy_loss(x, y, e_proxy, e_local, metrics)
         self.optimizer.zero_grad()
         self.proxy_optimizer.zero_grad()
         (private_loss if proxy_loss is None else private_loss + proxy_loss).backward()
         self.optimizer.step()
         if proxy_loss is not None:
             self.proxy_optimizer.step()
+        return metrics
+
+    def evaluate(self, data) -> dict[str, float]:
+        """The personal prediction's figures; with `ensemble`, each branch's accuracy beside them
+        (on the validation split when there is one, else on the test split)."""
+        metrics = super().evaluate(data)
+        if self.fusion == "ensemble":
+            x, y = (data.x_val, data.y_val) if data.y_val is not None and len(data.y_val) else (data.x_test, data.y_test)
+            private = lambda x: self.model.head(self.model.backbone(x))  # noqa: E731
+            shared = lambda x: self.private["proxy_head"](self.proxy(x))  # noqa: E731
+            metrics["private_branch_accuracy"] = self.accuracy(x, y, private)["accuracy"]
+            metrics["proxy_branch_accuracy"] = self.accuracy(x, y, shared)["accuracy"]
         return metrics
 
     def predict(self, x: torch.Tensor) -> torch.Tensor:
