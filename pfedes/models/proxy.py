@@ -27,12 +27,14 @@ class ProxyExtractor(nn.Module):
 
     `norm` puts a normalisation after each conv (`group`: GroupNorm, per sample, so nothing
     client-specific is averaged; `batch`: BatchNorm, whose running statistics are shared too).
+    `pool` is the side of the grid the last feature map is average-pooled to before the linear
+    map (1: global pooling, the seed form; 2 keeps a coarse layout, at 4x the map's parameters).
     `num_classes` > 0 adds a classifier on the d features (`classifier`) that travels with the
     proxy: the supervised signal that lets every client's labels reach the shared network.
     The key names of the plain form (norm none, no classifier) are the seed form's.
     """
 
-    def __init__(self, proxy_dim: int = 128, norm: str = "none", num_classes: int = 0) -> None:
+    def __init__(self, proxy_dim: int = 128, norm: str = "none", num_classes: int = 0, pool: int = 1) -> None:
         super().__init__()
         if norm not in PROXY_NORMS:
             raise ValueError(f"strategy.proxy_norm '{norm}' is unknown: expected one of {list(PROXY_NORMS)}")
@@ -47,8 +49,10 @@ class ProxyExtractor(nn.Module):
             if i < 2:
                 layers.append(nn.MaxPool2d(2))
             c_in = c_out
-        self.body = nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten())
-        self.out = nn.Linear(64, proxy_dim)
+        if pool < 1:
+            raise ValueError(f"strategy.proxy_pool must be >= 1, got {pool}")
+        self.body = nn.Sequential(*layers, nn.AdaptiveAvgPool2d(pool), nn.Flatten())
+        self.out = nn.Linear(64 * pool * pool, proxy_dim)
         self.classifier = nn.Linear(proxy_dim, num_classes) if num_classes > 0 else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

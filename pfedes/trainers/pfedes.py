@@ -74,7 +74,8 @@ class PFedESTrainer(Trainer):
             raise ValueError(f"strategy.fusion '{self.fusion}' is unknown: expected one of {list(FUSIONS)}")
         num_classes = self.model.head.out_features
         self.proxy = ProxyExtractor(d, norm=s.get("proxy_norm", "none"),
-                                    num_classes=num_classes if self.proxy_ce_weight else 0)
+                                    num_classes=num_classes if self.proxy_ce_weight else 0,
+                                    pool=int(s.get("proxy_pool", 1)))
         self.exchange["proxy"] = self.proxy
         if self.fusion == "concat":
             self.model.head = nn.Linear(self.model.head.in_features + d, num_classes)
