@@ -68,6 +68,8 @@ def test_table_means_the_last_five_rounds_pairs_gains_by_seed_and_reports_losers
     assert "needs one architecture" in row(table, "homog")[1]
     equal = results_table(["local", "tie"], runs[:2] + [fake_run("tie", 0, [0.5] * 5)])
     assert "**loses**" in row(equal, "tie")[-1]  # not beating Local-only is losing
+    small = results_table(["local", "small"], runs[:2] + [fake_run("small", 0, [0.51] * 5)])
+    assert row(small, "small")[-1].startswith("level")  # +1 point over seeds is within noise
     unfinished = results_table(["local"], runs[:2] + [Run("local", 2, Path("/nowhere"))])
     assert "(1 of 3 seeds did not run: pending)" in unfinished
 
@@ -164,3 +166,16 @@ def test_records_show_paths_inside_the_working_directory_relative(tmp_path, monk
     monkeypatch.chdir(tmp_path)
     assert shown_path(tmp_path / "bench" / "local" / "seed0") == "bench/local/seed0"
     assert shown_path("/elsewhere/x") == "/elsewhere/x"
+
+
+def test_proxy_table_reads_the_last_probe_and_the_std_ratio():
+    from pfedes.bench import proxy_table
+
+    rounds = [{"proxy_std": 0.2}, {"proxy_std": 0.01}, {"proxy_std": 0.1, "probe_acc": 0.6, "probe_acc_fresh": 0.4}]
+    runs = [Run("pfedes", s, Path("/x"), status="ok", rounds=rounds) for s in (0, 1)]
+    runs.append(Run("local", 0, Path("/x"), status="ok", rounds=[{"acc_mean": 0.5}]))
+    table = proxy_table(["local", "pfedes"], runs)
+    cells = [c.strip() for c in table.splitlines()[-1].strip("|").split("|")]
+    assert cells == ["pfedes", "60.0 ± 0.0", "40.0 ± 0.0", "+20.0 ± 0.0", "0.1000", "0.05"]
+    assert "local" not in table  # no diagnostics recorded: no row
+    assert proxy_table(["local"], runs[2:]) is None
