@@ -158,3 +158,18 @@ def test_monitor_warns_once_when_the_proxy_collapses(caplog):
 def test_feature_std_is_the_mean_per_dimension_std():
     f = torch.tensor([[0.0, 1.0], [2.0, 1.0]])
     assert feature_std(f) == pytest.approx(math.sqrt(2) / 2)
+
+
+def test_proxy_epochs_train_only_the_shared_branch(small_data):
+    plain = trainer(fusion="ensemble", warmup_steps=0, proxy_norm="group")
+    extra = trainer(fusion="ensemble", warmup_steps=0, proxy_norm="group", proxy_epochs=2)
+    plain.fit(small_data, torch.Generator().manual_seed(0))
+    metrics = extra.fit(small_data, torch.Generator().manual_seed(0))
+    assert "extra_proxy_branch_ce" in metrics
+    # the joint pass is the same; the extra passes moved the proxy and G_k, and nothing else
+    for name in ("backbone", "head", "projection"):
+        a, b = getattr(plain.model, name).state_dict(), getattr(extra.model, name).state_dict()
+        assert all(torch.equal(a[k], b[k]) for k in a), name
+    assert not torch.equal(plain.proxy.out.weight, extra.proxy.out.weight)
+    assert not torch.equal(plain.private["proxy_head"].weight, extra.private["proxy_head"].weight)
+    assert extra.steps > plain.steps

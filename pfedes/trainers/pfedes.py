@@ -105,11 +105,12 @@ class PFedESTrainer(Trainer):
             metrics.update({f"extra_{k}": v for k, v in proxy.items()})
         return metrics
 
-    def proxy_loss(self, x: torch.Tensor, y: torch.Tensor, e_proxy: torch.Tensor, e_local: torch.Tensor,
-                   metrics: dict[str, float]) -> torch.Tensor:
-        """The shared branch's own loss; `e_local` is a fixed target."""
-        loss = self.proxy_align_weight * self._align(e_proxy, e_local.detach()) + anti_collapse(
-            e_proxy, self.variance_weight, self.covariance_weight)
+    def proxy_loss(self, x: torch.Tensor, y: torch.Tensor, e_proxy: torch.Tensor,
+                   e_local: torch.Tensor | None, metrics: dict[str, float]) -> torch.Tensor:
+        """The shared branch's own loss; `e_local` is a fixed target (None when unweighted)."""
+        loss = anti_collapse(e_proxy, self.variance_weight, self.covariance_weight)
+        if self.proxy_align_weight:
+            loss = loss + self.proxy_align_weight * self._align(e_proxy, e_local.detach())
         if self.proxy_ce_weight:
             shared_ce = F.cross_entropy(self.proxy.classify(e_proxy), y)
             loss = loss + self.proxy_ce_weight * shared_ce
@@ -119,8 +120,10 @@ class PFedESTrainer(Trainer):
 
     def proxy_step(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
         """One step of the shared branch alone (E_proxy, its classifier, and G_k with `ensemble`)."""
-        with torch.no_grad():
-            e_local = self.model.projection(self.model.backbone(x))
+        e_local = None
+        if self.proxy_align_weight:  # the private model's forward only where the loss reads it
+            with torch.no_grad():
+                e_local = self.model.projection(self.model.backbone(x))
         e_proxy = self.proxy(x)
         metrics: dict[str, float] = {}
         loss = self.proxy_loss(x, y, e_proxy, e_local, metrics)
