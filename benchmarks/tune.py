@@ -42,6 +42,9 @@ def main() -> None:
     val = [r["val_acc_mean"] for r in result["rounds"]]
     line = {"name": args.name, "overrides": args.overrides, "setting": SETTING,
             "val_acc_by_round": val, "val_acc_last5": sum(val[-5:]) / len(val[-5:]),
+            # a method's own validation figures (e.g. each ensemble branch's accuracy), by round
+            "branches_by_round": {k: [r["eval_means"][k] for r in result["rounds"]]
+                                  for k in result["rounds"][0]["eval_means"] if "branch" in k},
             "seconds": time.perf_counter() - start}
     args.record.parent.mkdir(parents=True, exist_ok=True)
     with args.record.open("a") as handle:
