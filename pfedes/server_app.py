@@ -115,6 +115,8 @@ def run_experiment(grid: Grid, cfg: dict[str, Any]) -> dict[str, Any]:
                     if trainer_cls.has_global_model else None)
     monitor = (ProxyMonitor(cfg, trainer_cls(cfg, archs[0], num_classes, seed=int(cfg["seed"])), num_classes)
                if trainer_cls.shares_feature_extractor else None)
+    if monitor is not None and previous_rounds:  # a resumed run keeps round 1 as the reference
+        monitor.first_std = previous_rounds[0].get("proxy_std")
 
     def after_round(server_round: int, arrays: ArrayRecord):
         """Flower's server-side evaluation hook: global accuracy (if any), run log, checkpoint."""
