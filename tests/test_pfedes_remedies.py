@@ -15,7 +15,7 @@ from pfedes.trainers.pfedes import PFedESTrainer
 
 
 def trainer(arch="cnn3", **over):
-    cfg = make_cfg(*(f"strategy.{k}={v}" for k, v in over.items()))
+    cfg = make_cfg("strategy=pfedes_seed", *(f"strategy.{k}={v}" for k, v in over.items()))
     t = PFedESTrainer(cfg, arch, num_classes=10, seed=0)
     t.begin_round()
     return t
@@ -173,3 +173,11 @@ def test_proxy_epochs_train_only_the_shared_branch(small_data):
     assert not torch.equal(plain.proxy.out.weight, extra.proxy.out.weight)
     assert not torch.equal(plain.private["proxy_head"].weight, extra.private["proxy_head"].weight)
     assert extra.steps > plain.steps
+
+
+def test_the_default_preset_is_the_benchmarked_pfedes_ensemble():
+    from pfedes.config import experiment_config
+
+    default = dict(experiment_config([])["strategy"], name=None)
+    ensemble = dict(experiment_config(["strategy=pfedes_ensemble"])["strategy"], name=None)
+    assert default == ensemble

@@ -1,4 +1,4 @@
-"""The client side of pFedES: what each step touches, and what leaves the client."""
+"""The client side of pFedES in its seed form: what each step touches, and what leaves the client."""
 
 import torch
 
@@ -16,7 +16,7 @@ def changed(before, module):
 
 
 def make_trainer(arch="cnn3", **over):
-    cfg = make_cfg(*(f"strategy.{k}={v}" for k, v in over.items()))
+    cfg = make_cfg("strategy=pfedes_seed", *(f"strategy.{k}={v}" for k, v in over.items()))
     trainer = PFedESTrainer(cfg, arch, num_classes=10, seed=0)
     trainer.begin_round()
     return trainer
