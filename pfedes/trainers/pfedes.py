@@ -141,8 +141,10 @@ class PFedESTrainer(Trainer):
     def _align(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         return align_loss(a, b, self.align, self.temperature)
 
-    def _personal_logits(self, z: torch.Tensor, e_proxy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(logits of the personal prediction, the CE loss its parts are trained with)."""
+    def _personal_logits(self, z: torch.Tensor, e_proxy: torch.Tensor
+                         ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
+        """(the personal prediction's logits, and with `ensemble` the two branches' logits, each
+        of which is trained by its own CE; None otherwise)."""
         if self.fusion == "concat":
             return self.model.head(torch.cat([z, e_proxy], dim=1)), None
         logits = self.model.head(z)
