@@ -181,6 +181,26 @@ def finished_rounds(out_dir: Path, cfg: dict[str, Any]) -> list[dict[str, Any]] 
     return rounds if same and len(rounds) == int(cfg["num_rounds"]) else None
 
 
+def resumable_round(out_dir: Path, cfg: dict[str, Any]) -> int | None:
+    """The last round of an earlier run in out_dir that this one can continue: one that stopped
+    (or finished) before cfg's num_rounds with the same configuration otherwise, with its server
+    checkpoint and client states still there. None: start afresh."""
+    from .server_app import CHECKPOINT, config_fingerprint, prepare
+
+    path = out_dir / CHECKPOINT
+    if not path.is_file() or not (out_dir / "client_state").is_dir():
+        return None
+    try:
+        import torch
+
+        checkpoint = torch.load(path, map_location="cpu", weights_only=False)
+        done = int(checkpoint["round"])
+        same = checkpoint["fingerprint"] == config_fingerprint(json.loads(json.dumps(prepare(cfg))))
+    except Exception:  # an unreadable checkpoint: start afresh
+        return None
+    return done if same and 0 < done < int(cfg["num_rounds"]) else None
+
+
 def execute(run: Run, cfg: dict[str, Any], rerun: bool = False) -> None:
     from .sim import simulate
 
@@ -196,8 +216,14 @@ def execute(run: Run, cfg: dict[str, Any], rerun: bool = False) -> None:
               "(rerun=true runs it again)", flush=True)
         return
     (run.out_dir / "summary.json").unlink(missing_ok=True)  # marks the run finished only at its end
-    shutil.rmtree(run.out_dir / "client_state", ignore_errors=True)  # a fresh run, not a resumed one
-    print(f"[pfedes-bench] {run.strategy} seed {run.seed} -> {run.out_dir}", flush=True)
+    done = None if rerun else resumable_round(run.out_dir, cfg)
+    if done is None:
+        shutil.rmtree(run.out_dir / "client_state", ignore_errors=True)  # a fresh run, not a resumed one
+        print(f"[pfedes-bench] {run.strategy} seed {run.seed} -> {run.out_dir}", flush=True)
+    else:
+        cfg = {**cfg, "resume": True}
+        print(f"[pfedes-bench] {run.strategy} seed {run.seed}: resuming after round {done} of "
+              f"{cfg['num_rounds']} in {run.out_dir}", flush=True)
     try:
         simulate(cfg)
         run.rounds = read_rounds(run.out_dir)
@@ -357,6 +383,39 @@ def proxy_table(strategies: list[str], runs: list[Run]) -> str | None:
     return "\n".join(lines)
 
 
+PLATEAU_ROUNDS, PLATEAU_POINTS = 10, 0.005  # Local-only has plateaued: its curve moves < 0.5 points in 10 rounds
+
+
+def plateau(runs: list[Run], strategy: str = LOCAL) -> dict[str, Any] | None:
+    """How much the strategy's seed-mean accuracy curve still moves over its last PLATEAU_ROUNDS
+    rounds: the rise of its least-squares line across them (fraction, not points), per seed too.
+    None when it has fewer rounds."""
+    curves = [[x["acc_mean"] for x in r.rounds] for r in runs if r.strategy == strategy and r.status == "ok"]
+    curves = [c[-PLATEAU_ROUNDS:] for c in curves if len(c) >= PLATEAU_ROUNDS]
+    if not curves:
+        return None
+
+    def rise(curve: list[float]) -> float:
+        return float(np.polyfit(np.arange(PLATEAU_ROUNDS), curve, 1)[0] * (PLATEAU_ROUNDS - 1))
+
+    mean_rise = rise(list(np.mean(curves, axis=0)))
+    return {"rise": mean_rise, "rise_by_seed": [rise(c) for c in curves],
+            "plateaued": abs(mean_rise) < PLATEAU_POINTS}
+
+
+def plateau_note(runs: list[Run], num_rounds: int) -> str | None:
+    p = plateau(runs)
+    if p is None:
+        return None
+    verdict = ("it has plateaued" if p["plateaued"] else
+               f"it has **not** plateaued (the protocol asks for under {100 * PLATEAU_POINTS:.1f}): "
+               "a method that only speeds up early learning can pass for a gain here")
+    seeds = ", ".join(f"{100 * r:+.1f}" for r in p["rise_by_seed"])
+    return (f"Local-only's plateau: over rounds {num_rounds - PLATEAU_ROUNDS + 1}-{num_rounds} its mean "
+            f"accuracy (over seeds) moves by {100 * p['rise']:+.1f} points (the rise of a least-squares line "
+            f"across those rounds; by seed {seeds}), so {verdict}.")
+
+
 def write_markdown(path: Path, settings: dict[str, Any], strategies: list[str], runs: list[Run],
                    diagnosis: dict[str, Any]) -> None:
     seeds = settings["seeds"]
@@ -374,6 +433,9 @@ def write_markdown(path: Path, settings: dict[str, Any], strategies: list[str], 
         "Local-only is reported as losing; one that beats it by less than 1.5 points on average is reported as level (within seed noise).", "",
         results_table(strategies, runs), "",
     ]
+    note = plateau_note(runs, int(settings["num_rounds"]))
+    if note:
+        parts += [note, ""]
     by_device = device_table(strategies, runs)
     if by_device:
         parts += ["## By device profile", "",

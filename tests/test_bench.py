@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from conftest import make_cfg
-from pfedes.bench import (Run, device_table, execute, js_divergence, mean_pairwise_jsd, needs_one_architecture, results_table,
-                          split_overrides)
+from pfedes.bench import (Run, device_table, execute, js_divergence, mean_pairwise_jsd, needs_one_architecture, plateau,
+                          plateau_note, results_table, split_overrides)
 from pfedes.config import ConfigError
 
 
@@ -129,6 +129,39 @@ def test_a_finished_run_with_the_same_config_is_reused_and_any_other_is_not(tmp_
     assert len(simulated) == 3
 
 
+def test_a_stopped_or_shorter_run_with_the_same_config_resumes_from_its_checkpoint(tmp_path, monkeypatch):
+    """A run that stopped, or finished with fewer rounds than asked for now, continues from its
+    server checkpoint and client states; a checkpoint of another configuration starts afresh."""
+    import torch
+
+    from pfedes.server_app import CHECKPOINT, config_fingerprint, prepare
+
+    short = make_cfg("strategy=local", "num_rounds=2", f"out_dir={tmp_path}")
+    (tmp_path / "client_state").mkdir()
+    torch.save({"round": 2, "fingerprint": config_fingerprint(prepare(short))}, tmp_path / CHECKPOINT)
+    (tmp_path / "summary.json").write_text(json.dumps({"config": short}))
+    simulated = []
+    monkeypatch.setattr("pfedes.sim.simulate", lambda c: simulated.append(c) or
+                        (tmp_path / "metrics.jsonl").write_text(json.dumps({"round": 1, "acc_mean": 0.5}) + "\n"))
+    execute(Run("local", 0, tmp_path), make_cfg("strategy=local", "num_rounds=5", f"out_dir={tmp_path}"))
+    assert simulated[-1]["resume"] is True and simulated[-1]["num_rounds"] == 5
+    assert (tmp_path / "client_state").is_dir() and not (tmp_path / "summary.json").exists()
+    execute(Run("local", 0, tmp_path), make_cfg("strategy=local", "num_rounds=5", "train.lr=0.5",
+                                                 f"out_dir={tmp_path}"))
+    assert simulated[-1]["resume"] is False and not (tmp_path / "client_state").exists()
+
+
+def test_plateau_is_the_rise_of_the_seed_mean_line_over_the_last_ten_rounds():
+    rising = [fake_run("local", s, [0.3] * 5 + [0.5 + 0.01 * i for i in range(10)]) for s in (0, 1)]
+    p = plateau(rising)
+    assert p["rise"] == pytest.approx(0.09) and p["rise_by_seed"] == pytest.approx([0.09, 0.09])
+    assert not p["plateaued"] and "**not** plateaued" in plateau_note(rising, 15)
+    flat = [fake_run("local", 0, [0.6, 0.62] * 5), fake_run("local", 1, [0.62, 0.6] * 5)]
+    assert plateau(flat)["plateaued"] and abs(plateau(flat)["rise"]) < 1e-9  # the seed mean is flat
+    assert "rounds 1-10" in plateau_note(flat, 10)
+    assert plateau([fake_run("local", 0, [0.5] * 9)]) is None  # fewer than 10 rounds: nothing to say
+
+
 @pytest.mark.slow
 def test_pfedes_bench_end_to_end_two_strategies_two_rounds(tmp_path):
     out = tmp_path / "bench"
@@ -158,6 +191,13 @@ def test_pfedes_bench_end_to_end_two_strategies_two_rounds(tmp_path):
     assert summaries[0]["config"]["data"] == summaries[1]["config"]["data"]
     sizes = [{k: v for k, v in s["final"]["acc_by_client"].items()} for s in summaries]
     assert set(sizes[0]) == set(sizes[1]) == {"0", "1"}
+    # Asking for one more round continues the finished runs from their checkpoints.
+    args = [a if a != "num_rounds=2" else "num_rounds=3" for a in args]
+    result = subprocess.run(command + args, capture_output=True, text=True, env=env, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.count("resuming after round 2 of 3") == 2
+    rounds = [json.loads(line) for line in (out / "fedavg" / "seed0" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in rounds] == [1, 2, 3]
 
 
 def test_records_show_paths_inside_the_working_directory_relative(tmp_path, monkeypatch):

@@ -11,11 +11,11 @@ from torch.nn import functional as F
 from conftest import make_cfg
 from pfedes.proxy_monitor import ProxyMonitor, feature_std, linear_probe
 from pfedes.trainers.alignment import align_loss, anti_collapse, covariance_penalty, variance_hinge
-from pfedes.trainers.pfedes import PFedESTrainer
+from pfedes.trainers.pfedes import PFedESTrainer, mutual_distillation
 
 
 def trainer(arch="cnn3", **over):
-    cfg = make_cfg("strategy=pfedes_seed", *(f"strategy.{k}={v}" for k, v in over.items()))
+    cfg = make_cfg("strategy=pfedes_seed", *(f"++strategy.{k}={v}" for k, v in over.items()))
     t = PFedESTrainer(cfg, arch, num_classes=10, seed=0)
     t.begin_round()
     return t
@@ -97,6 +97,21 @@ def test_ensemble_prediction_is_the_mean_of_the_two_branches_probabilities():
     assert any("proxy_head" in k for k in t.state_dict()["private"])
 
 
+def test_mutual_distillation_on_hand_computed_numbers_and_in_the_private_loss():
+    a, b = torch.tensor([[0.0, math.log(3.0)]]), torch.tensor([[0.0, 0.0]])  # p_a = (1/4, 3/4), p_b = (1/2, 1/2)
+    kl_b_a = 0.5 * math.log(0.5 / 0.25) + 0.5 * math.log(0.5 / 0.75)  # KL(p_b || p_a)
+    kl_a_b = 0.25 * math.log(0.25 / 0.5) + 0.75 * math.log(0.75 / 0.5)
+    assert mutual_distillation(a, b).item() == pytest.approx(kl_b_a + kl_a_b, rel=1e-5)
+    assert mutual_distillation(a, a).item() == pytest.approx(0.0, abs=1e-7)
+    x, y = torch.randn(8, 3, 32, 32), torch.randint(0, 10, (8,))
+    grads = []
+    for weight in (0.0, 1.0):
+        t = trainer(fusion="ensemble", warmup_steps=0, proxy_align_weight=0, lam=0, distill_weight=weight)
+        t.train_step(x, y)
+        grads.append(t.model.head.weight.grad.clone())
+    assert not torch.allclose(grads[0], grads[1])  # the other branch's prediction reaches H_k
+
+
 def test_the_seed_form_keeps_the_proxy_out_of_the_private_gradient():
     t = trainer(warmup_steps=0)
     x, y = torch.randn(8, 3, 32, 32), torch.randint(0, 10, (8,))
@@ -121,6 +136,8 @@ def test_normalised_proxies_share_the_same_keys_on_every_architecture(norm):
     ("fusion", "mixture", "strategy.fusion 'mixture' is unknown"),
     ("align", "l1", "strategy.align 'l1' is unknown"),
     ("proxy_norm", "layer", "strategy.proxy_norm 'layer' is unknown"),
+    ("distill_weight", -1, "strategy.distill_weight must be >= 0"),
+    ("distill_weight", 1, "strategy.distill_weight needs fusion: ensemble"),
 ])
 def test_a_bad_setting_is_named(setting, value, message):
     with pytest.raises(ValueError, match=message):
@@ -180,4 +197,4 @@ def test_the_default_preset_is_the_benchmarked_pfedes_ensemble():
 
     default = dict(experiment_config([])["strategy"], name=None)
     ensemble = dict(experiment_config(["strategy=pfedes_ensemble"])["strategy"], name=None)
-    assert default == ensemble
+    assert default == {**ensemble, "distill_weight": 0.0}  # a setting added after that bench, off

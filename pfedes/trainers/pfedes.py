@@ -18,7 +18,9 @@ personal prediction:
   reaches E_proxy too;
 - `ensemble`: a private head G_k on e_proxy; logits = log(0.5 softmax(H_k(z)) +
   0.5 softmax(G_k(e_proxy))), each of H_k and G_k trained by its own CE (G_k's reaches E_proxy),
-  so the shared branch is a FedPer-style model on the proxy, personalised by G_k.
+  so the shared branch is a FedPer-style model on the proxy, personalised by G_k. With
+  `distill_weight` > 0 each branch also learns the other's predictions (`mutual_distillation`):
+  what the federated branch knows reaches the private model's own weights.
 
 `proxy_epochs` > 0 adds that many passes after the joint ones in which only the shared branch
 learns (E_proxy with its classifier and, with `ensemble`, G_k), on the proxy loss (plus G_k's CE)
@@ -52,6 +54,13 @@ def _check(name: str, value: float, low: float = 0.0, strict: bool = False) -> f
     return value
 
 
+def mutual_distillation(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """KL(p_b || p_a) + KL(p_a || p_b), each toward the other's fixed prediction (Deep Mutual
+    Learning): each branch learns from the other's class probabilities as well as the labels."""
+    return (F.kl_div(F.log_softmax(a, 1), F.softmax(b.detach(), 1), reduction="batchmean")
+            + F.kl_div(F.log_softmax(b, 1), F.softmax(a.detach(), 1), reduction="batchmean"))
+
+
 class PFedESTrainer(Trainer):
     shares_feature_extractor = True
 
@@ -72,6 +81,10 @@ class PFedESTrainer(Trainer):
         self.fusion = s.get("fusion", "none")
         if self.fusion not in FUSIONS:
             raise ValueError(f"strategy.fusion '{self.fusion}' is unknown: expected one of {list(FUSIONS)}")
+        self.distill_weight = _check("distill_weight", s.get("distill_weight", 0.0))
+        if self.distill_weight and self.fusion != "ensemble":
+            raise ValueError(f"strategy.distill_weight needs fusion: ensemble (two branches to distil "
+                             f"between), got fusion '{self.fusion}'")
         num_classes = self.model.head.out_features
         self.proxy = ProxyExtractor(d, norm=s.get("proxy_norm", "none"),
                                     num_classes=num_classes if self.proxy_ce_weight else 0,
@@ -166,6 +179,8 @@ class PFedESTrainer(Trainer):
             ce = F.cross_entropy(logits, y)
         else:  # each branch of the ensemble learns from the labels on its own
             ce = sum(F.cross_entropy(p, y) for p in parts)
+            if self.distill_weight:
+                ce = ce + self.distill_weight * mutual_distillation(*parts)
         alignment = self._align(e_local, e_proxy.detach())
         private_loss = ce + self.lam * alignment + anti_collapse(
             e_local, self.variance_weight, self.covariance_weight)
