@@ -38,7 +38,7 @@ def main() -> None:
 
     cfg = experiment(args.overrides, **{"data.path": default_data_path(), **SETTING})
     start = time.perf_counter()
-    result = run_plain(cfg, threads=1)
+    result = run_plain(cfg, threads=1, progress=True)
     val = [r["val_acc_mean"] for r in result["rounds"]]
     line = {"name": args.name, "overrides": args.overrides, "setting": SETTING,
             "val_acc_by_round": val, "val_acc_last5": sum(val[-5:]) / len(val[-5:]),

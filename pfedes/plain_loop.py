@@ -18,9 +18,10 @@ from .models import resolve_architecture
 from .strategies.base import PersonalizedStrategy, apply_momentum, weighted_average
 
 
-def run_plain(cfg: dict[str, Any], threads: int | None = None) -> dict[str, Any]:
+def run_plain(cfg: dict[str, Any], threads: int | None = None, progress: bool = False) -> dict[str, Any]:
     """Run cfg's experiment with every client sampled every round; returns the final shared
-    arrays and one record per round (acc_mean, acc_worst, seconds)."""
+    arrays and one record per round (acc_mean, acc_worst, seconds). `progress`: print one line
+    per round."""
     strategy_cls = get_class(cfg["strategy"]["server"])
     if strategy_cls.aggregate_arrays is not PersonalizedStrategy.aggregate_arrays:
         raise ValueError(f"the plain loop runs methods with the base aggregation, not {strategy_cls.__name__}")
@@ -63,4 +64,9 @@ def run_plain(cfg: dict[str, Any], threads: int | None = None) -> dict[str, Any]
                        "eval_means": {k: float(np.mean([e[k] for e in evals])) for k in evals[0]
                                       if k != "num-examples"}})
         t_last = now
+        if progress:
+            r = rounds[-1]
+            val = "" if r["val_acc_mean"] is None else f"  val_acc_mean {r['val_acc_mean']:.3f}"
+            print(f"[plain] round {server_round}/{cfg['num_rounds']}  acc_mean {r['acc_mean']:.3f}{val}  "
+                  f"{r['seconds']:.1f}s", flush=True)
     return {"arrays": current, "rounds": rounds, "seconds_total": time.perf_counter() - t_start}
