@@ -219,3 +219,26 @@ def test_proxy_table_reads_the_last_probe_and_the_std_ratio():
     assert cells == ["pfedes", "60.0 ± 0.0", "40.0 ± 0.0", "+20.0 ± 0.0", "0.1000", "0.05"]
     assert "local" not in table  # no diagnostics recorded: no row
     assert proxy_table(["local"], runs[2:]) is None
+
+
+def test_sample_sweep_pairs_each_size_s_gains_with_local_only_by_seed(tmp_path):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from sample_sweep import sweep_of
+
+    def bench(name, accs):  # accs: {strategy: [acc of seed 0, acc of seed 1]}
+        d = tmp_path / name
+        d.mkdir()
+        with (d / "results.csv").open("w", newline="") as handle:
+            writer = csv.DictWriter(handle, fieldnames=["strategy", "seed", "status", "acc_mean_last"])
+            writer.writeheader()
+            for strategy, values in accs.items():
+                for seed, acc in enumerate(values):
+                    writer.writerow({"strategy": strategy, "seed": seed, "status": "ok", "acc_mean_last": acc})
+        return f"{d}"
+
+    sweep = sweep_of([f"100={bench('a', {'local': [0.4, 0.5], 'pfedes': [0.5, 0.58]})}",
+                      f"500={bench('b', {'local': [0.6, 0.7], 'pfedes': [0.6, 0.72]})}"])
+    assert sweep[100]["pfedes"]["gain_vs_local"]["mean"] == pytest.approx(0.09)  # +0.10 and +0.08
+    assert sweep[500]["pfedes"]["gain_vs_local"]["mean"] == pytest.approx(0.01)
+    assert sweep[100]["local"]["accuracy"]["mean"] == pytest.approx(0.45)
+    assert sweep[500]["local"]["gain_vs_local"] is None

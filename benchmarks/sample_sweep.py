@@ -1,0 +1,115 @@
+"""Where federation pays: each method's gain over Local-only against the samples per client.
+
+Reads finished `pfedes-bench` directories, one per data size (the same strategies, seeds and
+setting otherwise), and writes `benchmarks/results/sample_sweep.json` (per size and strategy: the
+accuracy and the gain over Local-only paired by seed, mean ± std) and `sample_sweep.png`.
+
+    for n in 100 250; do pfedes-bench strategies=[local,pfedes,pfedes_unshared] seeds=[0,1,2] \\
+        data.partition=dirichlet data.alpha=0.3 num_clients=10 num_rounds=40 data.val_fraction=0.15 \\
+        data.path=../shared/data/cifar10 data.samples_per_client=$n out_dir=benchmarks/results/sweep_n$n; done
+    python benchmarks/sample_sweep.py 100=benchmarks/results/sweep_n100 250=benchmarks/results/sweep_n250 \\
+        500=benchmarks/results/hetero_dirichlet_val
+
+Each directory's runs must have been made with the samples per client it is given for (checked
+against the runs' summary.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import RESULTS, write_result  # noqa: E402
+
+LOCAL = "local"
+
+
+def read_bench(directory: Path, samples: int) -> dict[str, dict[int, float]]:
+    """{strategy: {seed: personalized accuracy}} of the finished runs in a bench directory."""
+    rows = [r for r in csv.DictReader((directory / "results.csv").open()) if r["status"] == "ok"]
+    if not rows:
+        raise SystemExit(f"sample_sweep: no finished run in {directory}")
+    for r in rows:
+        summary = directory / r["strategy"] / f"seed{r['seed']}" / "summary.json"
+        if summary.is_file():
+            made = int(json.loads(summary.read_text())["config"]["data"]["samples_per_client"])
+            if made != samples:
+                raise SystemExit(f"sample_sweep: {directory} was made with {made} samples per client, not {samples}")
+    out: dict[str, dict[int, float]] = {}
+    for r in rows:
+        out.setdefault(r["strategy"], {})[int(r["seed"])] = float(r["acc_mean_last"])
+    return out
+
+
+def stat(values: list[float]) -> dict[str, float | None]:
+    return {"mean": float(np.mean(values)), "std": float(np.std(values, ddof=1)) if len(values) > 1 else None,
+            "n": len(values)}
+
+
+def sweep_of(benches: list[str]) -> dict[int, dict[str, dict]]:
+    """{size: {strategy: accuracy and gain over Local-only (paired by seed)}} from SIZE=DIR items."""
+    sweep: dict[int, dict[str, dict]] = {}
+    for item in benches:
+        size, _, directory = item.partition("=")
+        accs = read_bench(Path(directory), int(size))
+        if LOCAL not in accs:
+            raise SystemExit(f"sample_sweep: {directory} has no Local-only run to measure gains against")
+        sweep[int(size)] = {
+            name: {"accuracy": stat(list(by_seed.values())),
+                   "gain_vs_local": None if name == LOCAL else stat(
+                       [acc - accs[LOCAL][s] for s, acc in by_seed.items() if s in accs[LOCAL]]),
+                   "seeds": sorted(by_seed), "bench": directory}
+            for name, by_seed in accs.items()}
+    return sweep
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("benches", nargs="+", metavar="SIZE=DIR", help="samples per client = a pfedes-bench out_dir")
+    args = parser.parse_args()
+    sweep = sweep_of(args.benches)
+    sizes = sorted(sweep)
+    path = write_result("sample_sweep", {"command": " ".join(["python benchmarks/sample_sweep.py", *args.benches]),
+                                         "samples_per_client": sizes, "by_size": {str(n): sweep[n] for n in sizes}})
+    plot(sweep, sizes, RESULTS / "sample_sweep.png")
+    for n in sizes:
+        cells = [f"{name} {100 * v['accuracy']['mean']:.1f}%" + (
+            "" if v["gain_vs_local"] is None else f" ({100 * v['gain_vs_local']['mean']:+.1f})")
+            for name, v in sweep[n].items()]
+        print(f"{n} samples per client: " + ", ".join(cells))
+    print(f"wrote {path} and {RESULTS / 'sample_sweep.png'}")
+
+
+def plot(sweep: dict[int, dict[str, dict]], sizes: list[int], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    names = sorted({name for n in sizes for name in sweep[n] if name != LOCAL})
+    for i, name in enumerate(names):
+        xs = [n for n in sizes if name in sweep[n]]
+        gains = [sweep[n][name]["gain_vs_local"] for n in xs]
+        ax.errorbar(xs, [100 * g["mean"] for g in gains], yerr=[100 * (g["std"] or 0.0) for g in gains],
+                    marker="o", capsize=3, label=name, color=f"C{i}")
+    ax.axhline(0.0, color="black", linewidth=0.8)
+    ax.set_xscale("log")
+    ax.set_xticks(sizes, [str(n) for n in sizes])
+    ax.set_xlabel("samples per client (before the train / validation / test split)")
+    ax.set_ylabel("gain over Local-only (points, ± std over seeds)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    main()
