@@ -407,9 +407,11 @@ def plateau_note(runs: list[Run], num_rounds: int) -> str | None:
     p = plateau(runs)
     if p is None:
         return None
+    limit = f"the protocol asks for under {100 * PLATEAU_POINTS:.1f} either way"
     verdict = ("it has plateaued" if p["plateaued"] else
-               f"it has **not** plateaued (the protocol asks for under {100 * PLATEAU_POINTS:.1f}): "
-               "a method that only speeds up early learning can pass for a gain here")
+               f"it is still rising ({limit}): a method that only speeds up early learning can pass "
+               "for a gain here" if p["rise"] > 0 else
+               f"it is falling ({limit}): over-fitting, or seed noise where one seed carries the fall")
     seeds = ", ".join(f"{100 * r:+.1f}" for r in p["rise_by_seed"])
     return (f"Local-only's plateau: over rounds {num_rounds - PLATEAU_ROUNDS + 1}-{num_rounds} its mean "
             f"accuracy (over seeds) moves by {100 * p['rise']:+.1f} points (the rise of a least-squares line "

@@ -155,7 +155,9 @@ def test_plateau_is_the_rise_of_the_seed_mean_line_over_the_last_ten_rounds():
     rising = [fake_run("local", s, [0.3] * 5 + [0.5 + 0.01 * i for i in range(10)]) for s in (0, 1)]
     p = plateau(rising)
     assert p["rise"] == pytest.approx(0.09) and p["rise_by_seed"] == pytest.approx([0.09, 0.09])
-    assert not p["plateaued"] and "**not** plateaued" in plateau_note(rising, 15)
+    assert not p["plateaued"] and "still rising" in plateau_note(rising, 15)
+    falling = [fake_run("local", 0, [0.6 - 0.01 * i for i in range(10)])]
+    assert "falling" in plateau_note(falling, 10)
     flat = [fake_run("local", 0, [0.6, 0.62] * 5), fake_run("local", 1, [0.62, 0.6] * 5)]
     assert plateau(flat)["plateaued"] and abs(plateau(flat)["rise"]) < 1e-9  # the seed mean is flat
     assert "rounds 1-10" in plateau_note(flat, 10)
