@@ -185,20 +185,15 @@ def resumable_round(out_dir: Path, cfg: dict[str, Any]) -> int | None:
     """The last round of an earlier run in out_dir that this one can continue: one that stopped
     (or finished) before cfg's num_rounds with the same configuration otherwise, with its server
     checkpoint and client states still there. None: start afresh."""
-    from .server_app import CHECKPOINT, config_fingerprint, prepare
+    from .server_app import CHECKPOINT, load_checkpoint, prepare
 
-    path = out_dir / CHECKPOINT
-    if not path.is_file() or not (out_dir / "client_state").is_dir():
+    if not (out_dir / "client_state").is_dir():
         return None
-    try:
-        import torch
-
-        checkpoint = torch.load(path, map_location="cpu", weights_only=False)
-        done = int(checkpoint["round"])
-        same = checkpoint["fingerprint"] == config_fingerprint(json.loads(json.dumps(prepare(cfg))))
-    except Exception:  # an unreadable checkpoint: start afresh
+    try:  # the ServerApp's own check: the checkpoint exists and fits this configuration
+        done = int(load_checkpoint(out_dir / CHECKPOINT, prepare(cfg))["round"])
+    except Exception:  # missing, another configuration, or unreadable: start afresh
         return None
-    return done if same and 0 < done < int(cfg["num_rounds"]) else None
+    return done if 0 < done < int(cfg["num_rounds"]) else None
 
 
 def execute(run: Run, cfg: dict[str, Any], rerun: bool = False) -> None:
