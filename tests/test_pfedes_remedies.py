@@ -11,7 +11,7 @@ from torch.nn import functional as F
 from conftest import make_cfg
 from pfedes.proxy_monitor import ProxyMonitor, feature_std, linear_probe
 from pfedes.trainers.alignment import align_loss, anti_collapse, covariance_penalty, variance_hinge
-from pfedes.trainers.pfedes import PFedESTrainer, mutual_distillation
+from pfedes.trainers.pfedes import LabelPrior, PFedESTrainer, mutual_distillation
 
 
 def trainer(arch="cnn3", **over):
@@ -138,6 +138,15 @@ def test_normalised_proxies_share_the_same_keys_on_every_architecture(norm):
     ("proxy_norm", "layer", "strategy.proxy_norm 'layer' is unknown"),
     ("distill_weight", -1, "strategy.distill_weight must be >= 0"),
     ("distill_weight", 1, "strategy.distill_weight needs fusion: ensemble"),
+    ("proxy_schedule", "alternate", "strategy.proxy_schedule 'alternate' is unknown"),
+    ("proxy_schedule", "rep", "strategy.proxy_schedule 'rep' needs fusion: ensemble"),
+    ("proxy_head_epochs", 2, "strategy.proxy_head_epochs needs proxy_schedule: rep"),
+    ("proxy_head_epochs", -1, "strategy.proxy_head_epochs must be >= 0"),
+    ("proxy_head", "global", "strategy.proxy_head 'global' is unknown"),
+    ("proxy_head", "shared", "strategy.proxy_head 'shared' needs fusion: ensemble"),
+    ("predict_with", "global", "strategy.predict_with 'global' is unknown"),
+    ("predict_with", "received", "strategy.predict_with 'received' needs a fusion"),
+    ("proxy_width", 0, "strategy.proxy_width must be >= 1"),
 ])
 def test_a_bad_setting_is_named(setting, value, message):
     with pytest.raises(ValueError, match=message):
@@ -192,9 +201,89 @@ def test_proxy_epochs_train_only_the_shared_branch(small_data):
     assert extra.steps > plain.steps
 
 
-def test_the_default_preset_is_the_benchmarked_pfedes_ensemble():
+def test_the_unshared_control_is_the_default_client_with_nothing_shared():
     from pfedes.config import experiment_config
 
-    default = dict(experiment_config([])["strategy"], name=None)
-    ensemble = dict(experiment_config(["strategy=pfedes_ensemble"])["strategy"], name=None)
-    assert default == {**ensemble, "distill_weight": 0.0}  # a setting added after that bench, off
+    default = experiment_config([])["strategy"]
+    unshared = experiment_config(["strategy=pfedes_unshared"])["strategy"]
+    assert set(default) == set(unshared)
+    assert {k for k in default if default[k] != unshared[k]} == {"name", "server", "share"}
+    assert unshared["share"] == []
+
+
+def test_rep_schedule_fits_the_private_head_to_the_received_proxy_then_trains_the_proxy(small_data):
+    t = trainer(fusion="ensemble", warmup_steps=0, proxy_norm="group", proxy_epochs=1,
+                proxy_schedule="rep", proxy_head_epochs=1, predict_with="received", proxy_align_weight=0,
+                lam=0)
+    received = {k: v.clone() for k, v in t.proxy.state_dict().items()}
+    head_after = {}
+    original_step = t.proxy_step
+
+    def proxy_step(x, y):  # the proxy's passes start once G_k has been fitted to the received proxy
+        if not head_after:
+            assert all(torch.equal(received[k], v) for k, v in t.proxy.state_dict().items())
+            head_after.update({k: v.clone() for k, v in t.private["proxy_head"].state_dict().items()})
+        return original_step(x, y)
+
+    t.proxy_step = proxy_step
+    metrics = t.fit(small_data, torch.Generator().manual_seed(0))
+    assert "head_proxy_branch_ce" in metrics and "extra_proxy_branch_ce" in metrics
+    # G_k learnt in the joint and head passes, and stayed fixed while the proxy learnt
+    assert all(torch.equal(head_after[k], v) for k, v in t.private["proxy_head"].state_dict().items())
+    # the proxy that is sent is the trained one; the prediction uses the one received
+    assert not torch.equal(t.shared_state()["proxy.out.weight"], received["out.weight"])
+    assert torch.equal(t.private["received_proxy"].out.weight, received["out.weight"])
+    t.exchange.eval()
+    t.private.eval()
+    x = torch.randn(4, 3, 32, 32)
+    with torch.no_grad():
+        p_private = F.softmax(t.model.head(t.model.backbone(x)), 1)
+        p_proxy = F.softmax(t.private["proxy_head"](t.private["received_proxy"](x)), 1)
+        torch.testing.assert_close(t.predict(x).exp(), 0.5 * (p_private + p_proxy))
+    # the received proxy is private state: persisted with the client, never sent
+    assert not any("received_proxy" in k for k in t.shared_state())
+    assert any("received_proxy" in k for k in t.state_dict()["private"])
+
+
+def test_label_prior_is_the_smoothed_label_distribution():
+    prior = LabelPrior(4)
+    torch.testing.assert_close(prior.log_prior.exp(), torch.full((4,), 0.25))
+    prior.fit_to(torch.tensor([0, 0, 0, 1, 1, 3]))  # counts + 1 = 4, 3, 1, 2 of 10
+    torch.testing.assert_close(prior.log_prior.exp(), torch.tensor([0.4, 0.3, 0.1, 0.2]))
+    torch.testing.assert_close(prior(torch.zeros(1, 4)), torch.tensor([[0.4, 0.3, 0.1, 0.2]]).log())
+
+
+def test_shared_proxy_head_is_trained_with_the_clients_label_prior_and_sent(small_data):
+    t = trainer(fusion="ensemble", warmup_steps=0, proxy_norm="group", proxy_head="shared",
+                proxy_align_weight=0, lam=0)
+    assert "proxy_head" not in t.private and "proxy.classifier.weight" in t.shared_state()
+    assert not any("label_prior" in k for k in t.shared_state())  # the label mix stays home
+    t.fit(small_data, torch.Generator().manual_seed(0))
+    counts = torch.bincount(small_data.y_train, minlength=10).float() + 1
+    torch.testing.assert_close(t.private["label_prior"].log_prior, (counts / counts.sum()).log())
+    x, y = torch.randn(4, 3, 32, 32), small_data.y_train[:4]
+    e = t.proxy(x)
+    adjusted = t.proxy.classify(e) + t.private["label_prior"].log_prior
+    torch.testing.assert_close(t.branch_logits(e), adjusted)
+    # the branch's loss is the logit-adjusted CE, and its gradient reaches the shared classifier
+    t.optimizer.zero_grad()
+    t.proxy_optimizer.zero_grad()
+    t.proxy_step(x, y)
+    assert t.proxy.classifier.weight.grad is not None
+
+
+def test_predict_with_received_uses_the_proxy_the_server_sent(small_data):
+    t = trainer(fusion="ensemble", warmup_steps=0, proxy_norm="group", proxy_head="shared",
+                predict_with="received", proxy_epochs=1, proxy_align_weight=0, lam=0)
+    received = {k: v.clone() for k, v in t.shared_state().items()}
+    t.fit(small_data, torch.Generator().manual_seed(0))
+    assert not torch.equal(t.shared_state()["proxy.out.weight"], received["proxy.out.weight"])
+    kept = t.private["received_proxy"]
+    assert all(torch.equal(received[f"proxy.{k}"], v) for k, v in kept.state_dict().items())
+    t.exchange.eval()
+    t.private.eval()
+    x = torch.randn(4, 3, 32, 32)
+    with torch.no_grad():
+        p_private = F.softmax(t.model.head(t.model.backbone(x)), 1)
+        p_shared = F.softmax(kept.classify(kept(x)) + t.private["label_prior"].log_prior, 1)
+        torch.testing.assert_close(t.predict(x).exp(), 0.5 * (p_private + p_shared))

@@ -23,7 +23,8 @@ def _norm_layer(kind: str, channels: int) -> nn.Module:
 
 
 class ProxyExtractor(nn.Module):
-    """Input normalisation, three conv layers (16-32-64), global pooling, linear map to d.
+    """Input normalisation, three conv layers (w-2w-4w channels, `width` w = 16 by default),
+    global pooling, linear map to d.
 
     `norm` puts a normalisation after each conv (`group`: GroupNorm, per sample, so nothing
     client-specific is averaged; `batch`: BatchNorm, whose running statistics are shared too).
@@ -34,14 +35,17 @@ class ProxyExtractor(nn.Module):
     The key names of the plain form (norm none, no classifier) are the seed form's.
     """
 
-    def __init__(self, proxy_dim: int = 128, norm: str = "none", num_classes: int = 0, pool: int = 1) -> None:
+    def __init__(self, proxy_dim: int = 128, norm: str = "none", num_classes: int = 0, pool: int = 1,
+                 width: int = 16) -> None:
         super().__init__()
         if norm not in PROXY_NORMS:
             raise ValueError(f"strategy.proxy_norm '{norm}' is unknown: expected one of {list(PROXY_NORMS)}")
+        if width < 1:
+            raise ValueError(f"strategy.proxy_width must be >= 1, got {width}")
         self.norm = InputNorm()
         layers: list[nn.Module] = []
         c_in = 3
-        for i, c_out in enumerate((16, 32, 64)):
+        for i, c_out in enumerate((width, 2 * width, 4 * width)):
             layers += [nn.Conv2d(c_in, c_out, 3, padding=1, bias=norm == "none")]
             if norm != "none":
                 layers.append(_norm_layer(norm, c_out))
@@ -52,7 +56,7 @@ class ProxyExtractor(nn.Module):
         if pool < 1:
             raise ValueError(f"strategy.proxy_pool must be >= 1, got {pool}")
         self.body = nn.Sequential(*layers, nn.AdaptiveAvgPool2d(pool), nn.Flatten())
-        self.out = nn.Linear(64 * pool * pool, proxy_dim)
+        self.out = nn.Linear(c_in * pool * pool, proxy_dim)
         self.classifier = nn.Linear(proxy_dim, num_classes) if num_classes > 0 else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

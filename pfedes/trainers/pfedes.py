@@ -27,12 +27,34 @@ learns (E_proxy with its classifier and, with `ensemble`, G_k), on the proxy los
 with F_k and P_k fixed: the proxy costs a fraction of a private model's step, so it can take
 more of them.
 
+`proxy_head` says which head reads the proxy in the ensemble's shared branch:
+
+- `private`: G_k, a linear head that never leaves the client;
+- `shared`: the proxy's own classifier C, shared and averaged with it, trained with the
+  logit-adjusted cross-entropy CE(C(e_proxy) + log pi_k, y), where pi_k is this client's label
+  distribution (its train split's class frequencies, add-one smoothed; private). Under label skew
+  the clients then agree on what C should learn (the class-conditional part, which is the same
+  everywhere), instead of each pulling C toward its own classes; the branch predicts
+  C(e_proxy) + log pi_k, the shared classifier put back on this client's label mix.
+
+`proxy_schedule` says how the shared branch of the ensemble learns in a round:
+
+- `joint` (FedPer on the proxy): E_proxy and its head learn together in every pass;
+- `rep` (FedRep on the proxy): G_k first learns on the proxy as received, which stays fixed (the
+  joint pass and `proxy_head_epochs` more passes), then E_proxy learns with G_k fixed for
+  `proxy_epochs` passes.
+
+`predict_with` says which proxy the personal prediction uses: `local`, the proxy as this client's
+passes left it, or `received`, the proxy as the server sent it this round (kept as private state
+for the evaluation): what the federation learnt, not this client's last passes over its own data.
+
 During the first `warmup_steps` local steps F_k is frozen and E_proxy is left alone, since an
 untrained P_k would only pull the proxy toward noise.
 """
 
 from __future__ import annotations
 
+import copy
 import math
 
 import torch
@@ -44,6 +66,24 @@ from .alignment import ALIGN_KINDS, align_loss, anti_collapse
 from .base import Trainer
 
 FUSIONS = ("none", "concat", "ensemble")
+PROXY_SCHEDULES = ("joint", "rep")
+PROXY_HEADS = ("private", "shared")
+PREDICT_WITH = ("local", "received")
+
+
+class LabelPrior(nn.Module):
+    """log pi_k, the client's label distribution (add-one smoothed); uniform until `fit_to`."""
+
+    def __init__(self, num_classes: int) -> None:
+        super().__init__()
+        self.register_buffer("log_prior", torch.full((num_classes,), -math.log(num_classes)))
+
+    def fit_to(self, labels: torch.Tensor) -> None:
+        counts = torch.bincount(labels, minlength=len(self.log_prior)).float() + 1.0
+        self.log_prior.copy_((counts / counts.sum()).log())
+
+    def forward(self, logits: torch.Tensor) -> torch.Tensor:
+        return logits + self.log_prior
 
 
 def _check(name: str, value: float, low: float = 0.0, strict: bool = False) -> float:
@@ -85,19 +125,49 @@ class PFedESTrainer(Trainer):
         if self.distill_weight and self.fusion != "ensemble":
             raise ValueError(f"strategy.distill_weight needs fusion: ensemble (two branches to distil "
                              f"between), got fusion '{self.fusion}'")
+        self.proxy_schedule = s.get("proxy_schedule", "joint")
+        if self.proxy_schedule not in PROXY_SCHEDULES:
+            raise ValueError(f"strategy.proxy_schedule '{self.proxy_schedule}' is unknown: expected one of "
+                             f"{list(PROXY_SCHEDULES)}")
+        self.proxy_head_epochs = int(_check("proxy_head_epochs", s.get("proxy_head_epochs", 0)))
+        self.rep = self.proxy_schedule == "rep"
+        if self.rep and (self.fusion != "ensemble" or not self.proxy_epochs):
+            raise ValueError(f"strategy.proxy_schedule 'rep' needs fusion: ensemble and proxy_epochs >= 1 "
+                             f"(a private head on the proxy, and passes in which the proxy learns), got "
+                             f"fusion '{self.fusion}', proxy_epochs {self.proxy_epochs}")
+        if self.proxy_head_epochs and not self.rep:
+            raise ValueError("strategy.proxy_head_epochs needs proxy_schedule: rep")
+        predict_with = s.get("predict_with", "local")
+        if predict_with not in PREDICT_WITH:
+            raise ValueError(f"strategy.predict_with '{predict_with}' is unknown: expected one of {list(PREDICT_WITH)}")
+        if predict_with == "received" and self.fusion == "none":
+            raise ValueError("strategy.predict_with 'received' needs a fusion that puts the proxy in the "
+                             "prediction, got fusion 'none'")
+        self.predict_with_received = predict_with == "received"
+        self.proxy_head = s.get("proxy_head", "private")
+        if self.proxy_head not in PROXY_HEADS:
+            raise ValueError(f"strategy.proxy_head '{self.proxy_head}' is unknown: expected one of {list(PROXY_HEADS)}")
+        if self.proxy_head == "shared" and (self.fusion != "ensemble" or self.rep):
+            raise ValueError(f"strategy.proxy_head 'shared' needs fusion: ensemble and proxy_schedule: joint, "
+                             f"got fusion '{self.fusion}', proxy_schedule '{self.proxy_schedule}'")
         num_classes = self.model.head.out_features
+        shared_head = self.proxy_ce_weight or self.proxy_head == "shared"
         self.proxy = ProxyExtractor(d, norm=s.get("proxy_norm", "none"),
-                                    num_classes=num_classes if self.proxy_ce_weight else 0,
-                                    pool=int(s.get("proxy_pool", 1)))
+                                    num_classes=num_classes if shared_head else 0,
+                                    pool=int(s.get("proxy_pool", 1)), width=int(s.get("proxy_width", 16)))
         self.exchange["proxy"] = self.proxy
         if self.fusion == "concat":
             self.model.head = nn.Linear(self.model.head.in_features + d, num_classes)
             self.exchange["head"] = self.model.head
-        elif self.fusion == "ensemble":
+        elif self.fusion == "ensemble" and self.proxy_head == "private":
             self.private["proxy_head"] = nn.Linear(d, num_classes)
+        elif self.fusion == "ensemble":
+            self.private["label_prior"] = LabelPrior(num_classes)
+        if self.predict_with_received:  # the proxy as received this round
+            self.private["received_proxy"] = copy.deepcopy(self.proxy).requires_grad_(False)
 
     def trainable_parameters(self):
-        return [*self.model.parameters(), *self.private.parameters()]
+        return [p for p in (*self.model.parameters(), *self.private.parameters()) if p.requires_grad]
 
     def begin_round(self) -> None:
         # The proxy is replaced by the server's each round: its optimizer starts fresh too.
@@ -106,17 +176,53 @@ class PFedESTrainer(Trainer):
             self.proxy.parameters(), lr=train["lr"] * float(self.cfg["strategy"]["proxy_lr_scale"]),
             momentum=train["momentum"])
         self.proxy.train()
+        if self.predict_with_received:
+            self.private["received_proxy"].load_state_dict(self.proxy.state_dict())
+
+    def fit(self, data, generator: torch.Generator) -> dict[str, float]:
+        if "label_prior" in self.private:
+            self.private["label_prior"].fit_to(data.y_train)
+        return super().fit(data, generator)
+
+    def branch_logits(self, e_proxy: torch.Tensor, proxy: ProxyExtractor | None = None) -> torch.Tensor:
+        """The ensemble's shared branch on the features of `proxy` (default: the local one; see
+        `proxy_head`)."""
+        if self.proxy_head == "shared":
+            return self.private["label_prior"]((self.proxy if proxy is None else proxy).classify(e_proxy))
+        return self.private["proxy_head"](e_proxy)
+
+    @property
+    def prediction_proxy(self) -> nn.Module:
+        """The proxy the personal prediction uses (see `predict_with`)."""
+        return self.private["received_proxy"] if self.predict_with_received else self.proxy
 
     def train_epochs(self, data, generator: torch.Generator, epochs: int) -> dict[str, float]:
         metrics = super().train_epochs(data, generator, epochs)
         if self.proxy_epochs and self.steps >= self.warmup_steps:
-            step, self.train_step = self.train_step, self.proxy_step
-            try:
-                proxy = super().train_epochs(data, generator, self.proxy_epochs)
-            finally:
-                self.train_step = step
-            metrics.update({f"extra_{k}": v for k, v in proxy.items()})
+            if self.proxy_head_epochs:
+                metrics.update({f"head_{k}": v for k, v in self._passes(
+                    data, generator, self.proxy_head_epochs, self.proxy_head_step).items()})
+            metrics.update({f"extra_{k}": v for k, v in self._passes(
+                data, generator, self.proxy_epochs, self.proxy_step).items()})
         return metrics
+
+    def _passes(self, data, generator: torch.Generator, epochs: int, step) -> dict[str, float]:
+        """`epochs` passes over the train split with `step` in place of `train_step`."""
+        own, self.train_step = self.train_step, step
+        try:
+            return super().train_epochs(data, generator, epochs)
+        finally:
+            self.train_step = own
+
+    def proxy_head_step(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
+        """One step of G_k alone on the proxy's features (`rep`: the proxy as received, fixed)."""
+        with torch.no_grad():
+            e_proxy = self.proxy(x)
+        loss = F.cross_entropy(self.private["proxy_head"](e_proxy), y)
+        self.optimizer.zero_grad()
+        loss.backward()
+        self.optimizer.step()  # only G_k has gradients
+        return {"proxy_branch_ce": loss.item()}
 
     def proxy_loss(self, x: torch.Tensor, y: torch.Tensor, e_proxy: torch.Tensor,
                    e_local: torch.Tensor | None, metrics: dict[str, float]) -> torch.Tensor:
@@ -141,20 +247,24 @@ class PFedESTrainer(Trainer):
         metrics: dict[str, float] = {}
         loss = self.proxy_loss(x, y, e_proxy, e_local, metrics)
         if self.fusion == "ensemble":
-            branch_ce = F.cross_entropy(self.private["proxy_head"](e_proxy), y)
+            if self.rep:  # G_k stays as fitted while the proxy learns
+                self.private["proxy_head"].requires_grad_(False)
+            branch_ce = F.cross_entropy(self.branch_logits(e_proxy), y)
+            if self.rep:
+                self.private["proxy_head"].requires_grad_(True)
             loss = loss + branch_ce
             metrics["proxy_branch_ce"] = branch_ce.item()
         self.optimizer.zero_grad()
         self.proxy_optimizer.zero_grad()
         loss.backward()
-        self.optimizer.step()  # only G_k has gradients here: SGD leaves the rest as they are
+        self.optimizer.step()  # only G_k has gradients here (none with `rep`): SGD leaves the rest
         self.proxy_optimizer.step()
         return metrics
 
     def _align(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         return align_loss(a, b, self.align, self.temperature)
 
-    def _personal_logits(self, z: torch.Tensor, e_proxy: torch.Tensor
+    def _personal_logits(self, z: torch.Tensor, e_proxy: torch.Tensor, proxy: ProxyExtractor | None = None
                          ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
         """(the personal prediction's logits, and with `ensemble` the two branches' logits, each
         of which is trained by its own CE; None otherwise)."""
@@ -162,7 +272,7 @@ class PFedESTrainer(Trainer):
             return self.model.head(torch.cat([z, e_proxy], dim=1)), None
         logits = self.model.head(z)
         if self.fusion == "ensemble":
-            proxy_logits = self.private["proxy_head"](e_proxy)
+            proxy_logits = self.branch_logits(e_proxy, proxy)
             mixed = torch.logsumexp(torch.stack([F.log_softmax(logits, 1), F.log_softmax(proxy_logits, 1)]),
                                     dim=0) - math.log(2.0)
             return mixed, (logits, proxy_logits)
@@ -172,6 +282,7 @@ class PFedESTrainer(Trainer):
         warm = self.steps < self.warmup_steps
         with torch.set_grad_enabled(not warm):
             z = self.model.backbone(x)
+        with torch.set_grad_enabled(not (warm or self.rep)):  # `rep`: the proxy is fixed here
             e_proxy = self.proxy(x)
         e_local = self.model.projection(z)
         logits, parts = self._personal_logits(z, e_proxy)
@@ -187,7 +298,7 @@ class PFedESTrainer(Trainer):
         metrics = {"train_loss": F.cross_entropy(logits, y).item(), "align_loss": alignment.item(),
                    "projection_std": e_local.detach().std(dim=0).mean().item(),
                    "proxy_batch_std": e_proxy.detach().std(dim=0).mean().item()}
-        proxy_loss = None if warm else self.proxy_loss(x, y, e_proxy, e_local, metrics)
+        proxy_loss = None if warm or self.rep else self.proxy_loss(x, y, e_proxy, e_local, metrics)
         self.optimizer.zero_grad()
         self.proxy_optimizer.zero_grad()
         (private_loss if proxy_loss is None else private_loss + proxy_loss).backward()
@@ -203,7 +314,8 @@ class PFedESTrainer(Trainer):
         if self.fusion == "ensemble":
             x, y = (data.x_val, data.y_val) if data.y_val is not None and len(data.y_val) else (data.x_test, data.y_test)
             private = lambda x: self.model.head(self.model.backbone(x))  # noqa: E731
-            shared = lambda x: self.private["proxy_head"](self.proxy(x))  # noqa: E731
+            proxy = self.prediction_proxy
+            shared = lambda x: self.branch_logits(proxy(x), proxy)  # noqa: E731
             metrics["private_branch_accuracy"] = self.accuracy(x, y, private)["accuracy"]
             metrics["proxy_branch_accuracy"] = self.accuracy(x, y, shared)["accuracy"]
         return metrics
@@ -211,7 +323,8 @@ class PFedESTrainer(Trainer):
     def predict(self, x: torch.Tensor) -> torch.Tensor:
         if self.fusion == "none":
             return self.model(x)
-        return self._personal_logits(self.model.backbone(x), self.proxy(x))[0]
+        proxy = self.prediction_proxy
+        return self._personal_logits(self.model.backbone(x), proxy(x), proxy)[0]
 
     def shared_features(self, x: torch.Tensor) -> torch.Tensor:
         return self.proxy(x)
