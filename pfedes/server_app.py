@@ -111,8 +111,9 @@ def run_experiment(grid: Grid, cfg: dict[str, Any]) -> dict[str, Any]:
         log(INFO, "[pfedes] resuming after round %d from %s (shared digest %s)", done, checkpoint_path,
             state_digest(initial))
     recorder = RunRecorder(out_dir, cfg, resume_rounds=previous_rounds)
-    global_model = (trainer_cls(cfg, archs[0], num_classes, seed=int(cfg["seed"]))
-                    if trainer_cls.has_global_model else None)
+    global_model = trainer_cls(cfg, archs[0], num_classes, seed=int(cfg["seed"]))
+    if not global_model.has_global_model:
+        global_model = None
     monitor = (ProxyMonitor(cfg, trainer_cls(cfg, archs[0], num_classes, seed=int(cfg["seed"])), num_classes)
                if trainer_cls.shares_feature_extractor else None)
     if monitor is not None and previous_rounds:  # a resumed run keeps round 1 as the reference

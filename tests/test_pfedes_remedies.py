@@ -287,3 +287,14 @@ def test_predict_with_received_uses_the_proxy_the_server_sent(small_data):
         p_private = F.softmax(t.model.head(t.model.backbone(x)), 1)
         p_shared = F.softmax(kept.classify(kept(x)) + t.private["label_prior"].log_prior, 1)
         torch.testing.assert_close(t.predict(x).exp(), 0.5 * (p_private + p_shared))
+
+
+def test_the_proxy_with_its_shared_classifier_is_scored_as_a_global_model():
+    default = PFedESTrainer(make_cfg("strategy=pfedes"), "resnet_bn", num_classes=10, seed=0)
+    assert default.has_global_model  # C travels with the proxy: together a model of the federation
+    x = torch.randn(4, 3, 32, 32)
+    default.exchange.eval()
+    with torch.no_grad():  # without the label prior: the unified test set is balanced
+        torch.testing.assert_close(default.global_predict(x), default.proxy.classify(default.proxy(x)))
+    assert not trainer().has_global_model  # the seed form shares a feature extractor only
+    assert not PFedESTrainer(make_cfg("strategy=pfedes_ensemble"), "cnn3", 10, seed=0).has_global_model

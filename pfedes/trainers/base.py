@@ -25,8 +25,9 @@ class Trainer:
     `exchange` is the module whose state_dict the parameter filter (`strategy.share`) reads:
     its filtered entries are what the client receives and sends, everything else stays here.
     Subclasses override `train_step` (and, where the method needs it, `exchange` or `evaluate`).
-    A method whose shared entries form a whole model sets `has_global_model`; the server then
-    reports that model's accuracy on the unified test set (`global_predict`).
+    A method whose shared entries form a whole model sets `has_global_model` (on the class, or
+    on the instance where its settings decide it); the server then reports that model's accuracy
+    on the unified test set (`global_predict`).
     """
 
     has_global_model = False

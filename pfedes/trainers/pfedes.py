@@ -151,7 +151,10 @@ class PFedESTrainer(Trainer):
             raise ValueError(f"strategy.proxy_head 'shared' needs fusion: ensemble and proxy_schedule: joint, "
                              f"got fusion '{self.fusion}', proxy_schedule '{self.proxy_schedule}'")
         num_classes = self.model.head.out_features
-        shared_head = self.proxy_ce_weight or self.proxy_head == "shared"
+        shared_head = bool(self.proxy_ce_weight) or self.proxy_head == "shared"
+        # The proxy with its shared classifier C is a small model of the whole federation:
+        # the server scores C(E_proxy(x)) on the unified test set (no label prior: it is balanced).
+        self.has_global_model = shared_head
         self.proxy = ProxyExtractor(d, norm=s.get("proxy_norm", "none"),
                                     num_classes=num_classes if shared_head else 0,
                                     pool=int(s.get("proxy_pool", 1)), width=int(s.get("proxy_width", 16)))
@@ -325,6 +328,9 @@ class PFedESTrainer(Trainer):
             return self.model(x)
         proxy = self.prediction_proxy
         return self._personal_logits(self.model.backbone(x), proxy(x), proxy)[0]
+
+    def global_predict(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proxy.classify(self.proxy(x))
 
     def shared_features(self, x: torch.Tensor) -> torch.Tensor:
         return self.proxy(x)
