@@ -61,17 +61,31 @@ def to_run_config_value(value: Any) -> Any:
     return value
 
 
-def default_run_config() -> dict[str, Any]:
-    """Every overridable key of the default preset, as Flower's run config spells it.
+PRESET_VALUE = ""  # a strategy key's run-config default: the chosen preset's own value
+_NOT_SETTINGS = ("name", "server", "trainer", "share", "defaults")
 
-    pyproject.toml's [tool.flwr.app.config] must equal this (a test checks it), since
-    Flower accepts `-c` overrides only for keys it declares.
+
+def strategy_setting_names() -> list[str]:
+    """The settings of every preset in conf/strategy/, sorted."""
+    names: set[str] = set()
+    for preset in sorted((conf_dir() / "strategy").glob("*.yaml")):
+        names.update(k for k in OmegaConf.load(preset) if k not in _NOT_SETTINGS)
+    return sorted(names)
+
+
+def default_run_config() -> dict[str, Any]:
+    """Every overridable key, as Flower's run config spells it: the default values of the keys
+    that every preset shares, and each preset's settings as `strategy.KEY = ""`.
+
+    pyproject.toml's [tool.flwr.app.config] must equal this (a test checks it), since Flower
+    accepts `-c` overrides only for keys it declares. A strategy key left at "" takes the value
+    of the chosen preset (conf/strategy/NAME.yaml); a preset's defaults differ from one method to
+    another (`strategy.lam` is 0 for pfedes, 1 for fedproto), so no one value could stand for all.
     """
-    flat = flatten(to_dict(compose()))
-    flat = {k: to_run_config_value(v) for k, v in flat.items()}
-    flat["strategy"] = flat.pop("strategy.name")
-    for key in ("strategy.server", "strategy.trainer", "strategy.share"):
-        flat.pop(key)
+    cfg = to_dict(compose())
+    flat = {f"strategy.{k}": PRESET_VALUE for k in strategy_setting_names()}
+    flat.update({k: to_run_config_value(v) for k, v in flatten(cfg).items() if not k.startswith("strategy.")})
+    flat["strategy"] = cfg["strategy"]["name"]
     return flat
 
 
@@ -84,8 +98,8 @@ def _hydra_value(value: Any, default: Any) -> str:
 
 
 def overrides_from_run_config(run_config: Mapping[str, Any]) -> list[str]:
-    """The hydra overrides that reproduce Flower's run config: only the keys whose value
-    differs from the default preset, so keys of another strategy's preset don't get in the way."""
+    """The hydra overrides that reproduce Flower's run config: only the keys whose value differs
+    from its declared default, so the chosen preset's own values stand unless a key is set."""
     defaults = default_run_config()
     overrides = []
     strategy = run_config.get("strategy", defaults["strategy"])

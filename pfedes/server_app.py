@@ -51,9 +51,14 @@ def prepare(cfg: dict[str, Any]) -> dict[str, Any]:
 def check_method_settings(cfg: dict[str, Any]) -> None:
     """Build the method's trainer once for each architecture in clients.devices, as a client
     would: a setting it cannot take (a negative weight, an unknown fusion) raises ConfigError
-    with the trainer's one-line message, before any client starts."""
+    with the trainer's one-line message, before any client starts. The data settings that need
+    the data's class count are checked here too."""
     trainer_cls = get_class(cfg["strategy"]["trainer"])
     num_classes = num_classes_of(load_split(cfg["data"]["path"], "train"))
+    per_client = int(cfg["data"]["classes_per_client"])
+    if cfg["data"]["partition"] == "pathological" and not 1 <= per_client <= num_classes:
+        raise ConfigError(f"data.classes_per_client must be in [1, {num_classes}] (the data's classes), "
+                          f"got {per_client}")
     for device in dict.fromkeys(cfg["clients"]["devices"]):
         try:
             trainer_cls(cfg, resolve_architecture(device, cfg["model"]["profiles"]), num_classes, seed=0)

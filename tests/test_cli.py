@@ -21,3 +21,10 @@ def test_bad_value_is_one_line_naming_the_key(tmp_path):
     result = run_sim("train.lr=-1", f"out_dir={tmp_path}/out")
     assert result.returncode != 0
     assert result.stderr.strip().splitlines() == ["pfedes-sim: train.lr must be > 0, got -1"]
+
+
+def test_more_classes_per_client_than_the_data_has_is_one_line(tmp_path):
+    result = run_sim("data.classes_per_client=20", f"out_dir={tmp_path}/out")
+    assert result.returncode != 0
+    assert result.stderr.strip().splitlines() == [
+        "pfedes-sim: data.classes_per_client must be in [1, 10] (the data's classes), got 20"]

@@ -30,6 +30,23 @@ def test_flower_run_config_overrides_mean_the_same_as_hydra_overrides():
     assert via_flower["strategy"]["lam"] == 0.7 and via_flower["clients"]["devices"] == ["phone", "gpu-host"]
 
 
+@pytest.mark.parametrize("strategy, key, value", [
+    ("fedprox", "mu", 0.1),        # a key only one preset has
+    ("fedproto", "lam", 0.0),      # a key whose value is another preset's default (pfedes: 0)
+    ("pfedes", "proxy_epochs", 2),
+])
+def test_every_presets_settings_can_be_set_by_run_config(strategy, key, value):
+    run_config = dict(pyproject_run_config(), strategy=strategy, **{f"strategy.{key}": value})
+    via_flower = experiment_config(overrides_from_run_config(run_config))
+    assert via_flower == experiment_config([f"strategy={strategy}", f"strategy.{key}={value}"])
+    assert via_flower["strategy"][key] == value
+
+
+def test_a_preset_key_left_unset_keeps_the_presets_own_value():
+    cfg = experiment_config(overrides_from_run_config(dict(pyproject_run_config(), strategy="fedproto")))
+    assert cfg == experiment_config(["strategy=fedproto"])
+
+
 def test_selecting_another_strategy_by_run_config():
     cfg = experiment_config(overrides_from_run_config(dict(pyproject_run_config(), strategy="local")))
     assert cfg["strategy"]["name"] == "local" and cfg["strategy"]["share"] == []
