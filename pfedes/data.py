@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import io
 import os
+import warnings
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -140,7 +141,21 @@ def partition_indices(path: str, partition: str, num_partitions: int, partition_
     if not 0 <= partition_id < num_partitions:
         raise DataError(f"partition-id {partition_id} is outside 0..{num_partitions - 1}")
     partitioner = _partitioner(path, partition, num_partitions, seed, classes_per_client, float(alpha))
-    return np.asarray(partitioner.load_partition(partition_id)["row"], dtype=np.int64)
+    with warnings.catch_warnings():  # flwr-datasets says it from every client; the server says it once
+        warnings.filterwarnings("ignore", message=r"Classes: .* will NOT be used")
+        return np.asarray(partitioner.load_partition(partition_id)["row"], dtype=np.int64)
+
+
+def classes_in_no_partition(path: str, partition: str, num_partitions: int, seed: int,
+                            classes_per_client: int = 2, alpha: float = 0.3) -> list[int]:
+    """The classes of the train table that no partition holds (the pathological partition leaves
+    some out when the clients' classes do not cover them all)."""
+    labels = load_split(path, "train").data.column("label").to_numpy()
+    held = set()
+    for pid in range(num_partitions):
+        rows = partition_indices(path, partition, num_partitions, pid, seed, classes_per_client, alpha)
+        held.update(np.unique(labels[rows]).tolist())
+    return sorted(set(np.unique(labels).tolist()) - held)
 
 
 def stratified_split(labels: np.ndarray, test_fraction: float, rng: np.random.Generator):
@@ -263,7 +278,7 @@ def load_unified_test(path: str, max_rows: int = 0) -> tuple[torch.Tensor, torch
     """The shared test table (test.parquet), for global accuracy of methods with a global model."""
     table = load_split(path, "test")
     rows = np.arange(len(table) if not max_rows else min(max_rows, len(table)))
-    labels = np.asarray(table.data.column("label").take(rows).to_numpy(), dtype=np.int64)
+    labels = np.array(table.data.column("label").take(rows).to_numpy(), dtype=np.int64)  # a writable copy
     return decode_images(table, rows), torch.from_numpy(labels)
 
 

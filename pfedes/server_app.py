@@ -7,7 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import uuid
-from logging import INFO
+from logging import INFO, WARNING
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +20,9 @@ from hydra.utils import get_class
 
 from .client_state import atomic_torch_save, state_digest
 from .config import ConfigError, experiment_config, overrides_from_run_config
-from .data import load_split, load_unified_test, num_classes_of
+from .data import classes_in_no_partition, load_split, load_unified_test, num_classes_of
 from .grid import PromptGrid
+from .flower_log import quiet_flower
 from .models import resolve_architecture
 from .proxy_monitor import ProxyMonitor
 from .recording import RunRecorder
@@ -36,7 +37,8 @@ RESUME_FREE_KEYS = ("num_rounds", "resume", "run_token")
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     cfg = experiment_config(overrides_from_run_config(dict(context.run_config)))
-    run_experiment(PromptGrid(grid), cfg)
+    with quiet_flower():
+        run_experiment(PromptGrid(grid), cfg)
 
 
 def prepare(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -64,6 +66,19 @@ def check_method_settings(cfg: dict[str, Any]) -> None:
             trainer_cls(cfg, resolve_architecture(device, cfg["model"]["profiles"]), num_classes, seed=0)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
+
+
+def warn_of_classes_in_no_client(cfg: dict[str, Any]) -> None:
+    """One warning when the pathological partition leaves classes out of every client's data."""
+    data = cfg["data"]
+    if data["partition"] != "pathological" or int(cfg["num_clients"]) == 1:
+        return
+    missing = classes_in_no_partition(data["path"], data["partition"], int(cfg["num_clients"]), int(cfg["seed"]),
+                                      int(data["classes_per_client"]), float(data["alpha"]))
+    if missing:
+        log(WARNING, "[pfedes] classes %s are in no client's data (%d clients x data.classes_per_client %d): "
+            "the personal accuracies cover the other classes only; more clients or classes per client "
+            "cover them", missing, int(cfg["num_clients"]), int(data["classes_per_client"]))
 
 
 def config_fingerprint(cfg: dict[str, Any]) -> str:
@@ -95,6 +110,7 @@ def run_experiment(grid: Grid, cfg: dict[str, Any]) -> dict[str, Any]:
     strategy_cls = get_class(cfg["strategy"]["server"])
     trainer_cls = get_class(cfg["strategy"]["trainer"])
     num_classes = num_classes_of(load_split(cfg["data"]["path"], "train"))
+    warn_of_classes_in_no_client(cfg)
     archs = [resolve_architecture(d, cfg["model"]["profiles"]) for d in cfg["clients"]["devices"]]
     if trainer_cls.requires_same_architecture and len(set(archs)) > 1:
         raise ConfigError(f"strategy '{cfg['strategy']['name']}' needs one architecture on every client, "

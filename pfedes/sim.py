@@ -15,6 +15,7 @@ from omegaconf import DictConfig
 
 from .config import ConfigError, conf_dir, to_dict, validate
 from .data import DataError, resolve_data_dir
+from .flower_log import quiet_flower
 
 
 def simulate(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -38,11 +39,12 @@ def simulate(cfg: dict[str, Any]) -> dict[str, Any]:
 
     sim = cfg["simulation"]
     cpus = int(sim["num_cpus_per_client"]) or (os.cpu_count() or 1)
-    run_simulation(
-        server_app=server_app, client_app=client_app, num_supernodes=int(cfg["num_clients"]),
-        backend_config={"client_resources": {"num_cpus": cpus, "num_gpus": float(sim["num_gpus_per_client"])},
-                        "init_args": {"num_cpus": os.cpu_count() or 1}},
-    )
+    with quiet_flower():
+        run_simulation(
+            server_app=server_app, client_app=client_app, num_supernodes=int(cfg["num_clients"]),
+            backend_config={"client_resources": {"num_cpus": cpus, "num_gpus": float(sim["num_gpus_per_client"])},
+                            "init_args": {"num_cpus": os.cpu_count() or 1}},
+        )
     if not result:
         raise RuntimeError("the simulation ended without a result: see the log above")
     return result
