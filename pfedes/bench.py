@@ -38,7 +38,7 @@ LOCAL, FEDAVG = "local", "fedavg"
 # Keys the bench sets itself for each run, or that only the bench reads.
 BENCH_KEYS = ("strategies", "seeds", "out_dir", "strategy", "seed", "rerun")
 # Keys in which a finished run may differ from the one asked for and still be reused.
-REUSE_FREE_KEYS = frozenset({"run_token", "client_state_dir", "out_dir", "resume"})
+REUSE_FREE_KEYS = frozenset({"run_token", "client_state_dir", "out_dir", "resume", "logging"})
 
 
 # -- heterogeneity ------------------------------------------------------------------------

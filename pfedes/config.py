@@ -138,3 +138,8 @@ def validate(cfg: dict[str, Any]) -> None:
     need(int(cfg["train"]["batch_size"]) >= 2, "train.batch_size must be >= 2")
     devices = cfg["clients"]["devices"]
     need(isinstance(devices, list) and len(devices) > 0, "clients.devices must be a non-empty list")
+    if cfg.get("logging", {}).get("tensorboard"):
+        from .tensorboard_log import available
+
+        need(available(), "logging.tensorboard=true needs the tensorboard package: "
+                          "pip install -e \".[tensorboard]\" (or pip install tensorboard)")

@@ -11,6 +11,8 @@ from typing import Any
 import numpy as np
 from flwr.common.logger import log
 
+from .tensorboard_log import TensorBoardLog
+
 
 def round_record(server_round: int, stats: dict[str, Any], seconds: float,
                  global_metrics: dict[str, float] | None = None) -> dict[str, Any]:
@@ -58,6 +60,8 @@ class RunRecorder:
             self.metrics_path.write_text("")
         self.t_last = time.perf_counter()
         self.t_start = self.t_last
+        self.tensorboard = (TensorBoardLog(out_dir, first_round=len(self.rounds) + 1)
+                            if cfg.get("logging", {}).get("tensorboard") else None)
 
     def record(self, server_round: int, stats: dict[str, Any],
                global_metrics: dict[str, float] | None = None) -> dict[str, Any]:
@@ -67,6 +71,8 @@ class RunRecorder:
         self.rounds.append(record)
         with self.metrics_path.open("a") as handle:
             handle.write(json.dumps(record) + "\n")
+        if self.tensorboard is not None:
+            self.tensorboard.write(record)
         fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
         log(INFO, "[pfedes] %s seed %s  round %d/%d  acc_mean %s  acc_worst %s  train_loss %s  "
             "align_loss %s%s  %.1fs", self.cfg["strategy"]["name"], self.cfg.get("seed"), server_round,
@@ -92,6 +98,8 @@ class RunRecorder:
             **extra,
         }
         (self.out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        if self.tensorboard is not None:
+            self.tensorboard.close()
         plot_accuracy(self.rounds, self.out_dir / "accuracy.png", self.cfg["strategy"]["name"])
         log(INFO, "[pfedes] wrote %s (metrics.jsonl, summary.json, accuracy.png)", self.out_dir)
         return summary

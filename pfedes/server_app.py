@@ -31,7 +31,7 @@ from .strategies.base import experiment_json
 app = ServerApp()
 CHECKPOINT = "server_checkpoint.pt"
 # Keys that may differ between a run and its resumption.
-RESUME_FREE_KEYS = ("num_rounds", "resume", "run_token")
+RESUME_FREE_KEYS = ("num_rounds", "resume", "run_token", "logging")
 
 
 @app.main()
