@@ -168,6 +168,28 @@ def read_rounds(out_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def with_later_settings(saved: dict[str, Any], wanted: dict[str, Any]) -> dict[str, Any]:
+    """A run's saved config with the settings added to conf/ since it ran, at their defaults (its
+    strategy's preset): a run from before a setting existed ran as its default does."""
+    from .config import compose, to_dict
+
+    missing = [k for k in wanted if k not in saved]
+    if not missing and all(k in saved.get("strategy", {}) for k in wanted.get("strategy", {})):
+        return saved
+    defaults = to_dict(compose([f"strategy={saved.get('strategy', {}).get('name', wanted['strategy']['name'])}"]))
+
+    def fill(have: dict[str, Any], default: dict[str, Any]) -> dict[str, Any]:
+        out = dict(have)
+        for key, value in default.items():
+            if key not in out:
+                out[key] = value
+            elif isinstance(value, dict) and isinstance(out[key], dict):
+                out[key] = fill(out[key], value)
+        return out
+
+    return fill(saved, {k: v for k, v in defaults.items() if k in wanted})
+
+
 def finished_rounds(out_dir: Path, cfg: dict[str, Any]) -> list[dict[str, Any]] | None:
     """The rounds of a finished earlier run in out_dir with the same configuration, else None."""
     try:
@@ -176,6 +198,7 @@ def finished_rounds(out_dir: Path, cfg: dict[str, Any]) -> list[dict[str, Any]] 
     except (OSError, ValueError, KeyError, TypeError):
         return None
     wanted = json.loads(json.dumps(cfg))
+    saved = with_later_settings(saved, wanted)
     same = ({k: v for k, v in saved.items() if k not in REUSE_FREE_KEYS}
             == {k: v for k, v in wanted.items() if k not in REUSE_FREE_KEYS})
     return rounds if same and len(rounds) == int(cfg["num_rounds"]) else None

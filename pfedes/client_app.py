@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.common.constant import ErrorCode
 from flwr.common.logger import log
@@ -30,6 +30,7 @@ from flwr.common.logger import log
 from . import tracing
 from .client_round import build_trainer, evaluate_round, load_node_data, train_round
 from .client_state import StateStore
+from .compression import Codec
 from .data import DataError
 from .models import resolve_architecture
 from .strategies.base import EVAL_IN_TRAIN_KEY, METRICS_KEY
@@ -145,6 +146,18 @@ def _info(node: Node) -> ConfigRecord:
     return ConfigRecord({"device": node.device, "arch": node.arch, "partition-id": node.partition_id})
 
 
+def encode_upload(codec: Codec, trainer, shared: dict[str, torch.Tensor], received: ArrayRecord) -> ArrayRecord:
+    """The train reply's arrays: the shared entries, encoded by the run's compression (the
+    residual of error feedback stays with the trainer's private state)."""
+    if not codec.active:
+        return ArrayRecord(shared)
+    residual = {k: v.numpy() for k, v in trainer.upload_residual.items()}
+    encoded, residual = codec.encode({k: v.detach().cpu().numpy() for k, v in shared.items()},
+                                     {k: a.numpy() for k, a in received.items()}, residual)
+    trainer.upload_residual = {k: torch.from_numpy(v) for k, v in residual.items()}
+    return ArrayRecord({k: Array(v) for k, v in encoded.items()})
+
+
 @app.train()
 @_setup_errors_as_replies
 def train(msg: Message, context: Context) -> Message:
@@ -155,10 +168,11 @@ def train(msg: Message, context: Context) -> Message:
     server_round = int(msg.content["config"].get("server-round", 0))
     shared, metrics = train_round(trainer, arrays.to_torch_state_dict(), data, cfg,
                                   node.partition_id, server_round)
+    reply_arrays = encode_upload(Codec.from_cfg(cfg), trainer, shared, arrays)
     version += 1
     STORE.save(node.state_file, trainer, version, cfg.get("run_token", ""))
     context.state[VERSION_KEY] = ConfigRecord({"version": version})
-    content = RecordDict({"arrays": ArrayRecord(shared), METRICS_KEY: MetricRecord(metrics),
+    content = RecordDict({"arrays": reply_arrays, METRICS_KEY: MetricRecord(metrics),
                           "info": _info(node)})
     if cfg.get("evaluate_in_train"):  # the personal model as the evaluate round would see it
         content[EVAL_IN_TRAIN_KEY] = MetricRecord(evaluate_round(trainer, {}, data))

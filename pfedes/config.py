@@ -138,6 +138,12 @@ def validate(cfg: dict[str, Any]) -> None:
     need(int(cfg["train"]["batch_size"]) >= 2, "train.batch_size must be >= 2")
     devices = cfg["clients"]["devices"]
     need(isinstance(devices, list) and len(devices) > 0, "clients.devices must be a non-empty list")
+    from .compression import Codec
+
+    try:
+        Codec.from_cfg(cfg)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     if cfg.get("logging", {}).get("tensorboard"):
         from .tensorboard_log import available
 

@@ -1,6 +1,6 @@
 """What every pfedes server strategy shares with FedAvg, plus what FedAvg lacks:
 
-- replies are validated one by one (missing or extra keys, shape, dtype, NaN/Inf, weight);
+- compressed replies are decoded (pfedes/compression.py), then every reply is validated one by one (missing or extra keys, shape, dtype, NaN/Inf, weight);
   a bad reply is dropped with a warning naming the node and the reason, and the round goes on;
 - the weighted average of the shared entries is followed by server momentum
   (new = beta * old + (1 - beta) * average; beta = 0 is plain FedAvg);
@@ -21,6 +21,7 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
+from ..compression import Codec, EncodingError
 from ..config import ConfigError
 
 WEIGHT_KEY = "num-examples"
@@ -126,6 +127,7 @@ class PersonalizedStrategy(FedAvg):
             min_available_nodes=min_available,
         )
         self.cfg = cfg
+        self.codec = Codec.from_cfg(cfg)
         self.server_momentum = float(cfg["strategy"].get("server_momentum", 0.0))
         if not 0.0 <= self.server_momentum < 1.0:
             raise ValueError(f"strategy.server_momentum {self.server_momentum} is outside [0, 1)")
@@ -165,6 +167,24 @@ class PersonalizedStrategy(FedAvg):
         self.round_stats["bytes_down"] += arrays_nbytes(arrays) * len(messages)
         return messages
 
+    def sent_to(self, node_id: int) -> dict[str, np.ndarray]:
+        """The arrays this round's train message carried to `node_id` (one model for all here)."""
+        return self.current
+
+    def decode_reply(self, msg: Message) -> str | None:
+        """Replace a compressed reply's arrays by what the client meant to send (the reference of a
+        change is what this round sent); why it cannot be decoded, or None."""
+        if not self.codec.active:
+            return None
+        reference = self.sent_to(msg.metadata.src_node_id)
+        for name, record in list(msg.content.array_records.items()):
+            try:
+                decoded = self.codec.decode({k: a.numpy() for k, a in record.items()}, reference)
+            except EncodingError as exc:
+                return f"bad encoding: {exc}"
+            msg.content[name] = ArrayRecord({k: Array(v) for k, v in decoded.items()})
+        return None
+
     def reply_problem(self, msg: Message) -> str | None:
         """Why a train reply cannot be aggregated (None if it can); methods whose replies are
         not the shared entries override this."""
@@ -175,12 +195,14 @@ class PersonalizedStrategy(FedAvg):
         reason, and order the rest by client (so arrival order cannot change the aggregate)."""
         good: list[Message] = []
         for msg in replies:
+            problem = None
             if not msg.has_error():
                 for record in msg.content.array_records.values():
                     self.round_stats["bytes_up"] += arrays_nbytes(record)
                 if self.evaluate_in_train:  # its personal model is fine even if its arrays are not
                     self.record_evaluation(server_round, msg, EVAL_IN_TRAIN_KEY)
-            problem = self.reply_problem(msg)
+                problem = self.decode_reply(msg)
+            problem = problem or self.reply_problem(msg)
             if problem:
                 self.round_stats["clients_dropped"] += 1
                 log(WARNING, "round %d: dropped the reply of node %d: %s", server_round,

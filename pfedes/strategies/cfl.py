@@ -111,6 +111,9 @@ class ClusteredFL(PersonalizedStrategy):
                                message_type=msg.metadata.message_type))
         return out
 
+    def sent_to(self, node_id: int) -> dict[str, np.ndarray]:
+        return self.clusters[self.cluster_index(node_id)]["arrays"] if self.clusters else self.current
+
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
         messages = list(super().configure_train(server_round, arrays, config, grid))

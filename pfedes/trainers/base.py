@@ -50,6 +50,8 @@ class Trainer:
         self._shared_keys = shared_keys(self.exchange, self.share_spec)
         self.optimizer = self.local_sgd(self.trainable_parameters())
         self.steps = 0
+        # What compressed uploads left unsent (pfedes/compression.py, error feedback): private.
+        self.upload_residual: dict[str, torch.Tensor] = {}
 
     def local_sgd(self, params) -> torch.optim.SGD:
         """The local optimiser every method uses (train.lr, momentum, weight_decay)."""
@@ -157,7 +159,8 @@ class Trainer:
     def state_dict(self) -> dict[str, Any]:
         return {"arch": self.arch, "exchange": self.exchange.state_dict(),
                 "private": self.private.state_dict(),
-                "optimizer": self.optimizer.state_dict(), "steps": self.steps}
+                "optimizer": self.optimizer.state_dict(), "steps": self.steps,
+                "upload_residual": self.upload_residual}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state.get("arch") != self.arch:
@@ -168,6 +171,7 @@ class Trainer:
             self.private.load_state_dict(state["private"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.steps = int(state["steps"])
+        self.upload_residual = dict(state.get("upload_residual", {}))
 
     # -- server side -----------------------------------------------------------------------
     @classmethod
