@@ -139,9 +139,11 @@ def validate(cfg: dict[str, Any]) -> None:
     devices = cfg["clients"]["devices"]
     need(isinstance(devices, list) and len(devices) > 0, "clients.devices must be a non-empty list")
     from .compression import Codec
+    from .robust import Robustness
 
     try:
         Codec.from_cfg(cfg)
+        Robustness.from_cfg(cfg)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     if cfg.get("logging", {}).get("tensorboard"):

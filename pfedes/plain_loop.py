@@ -1,6 +1,6 @@
 """The same federated work as a Flower run, in one process with no Flower: every round each
 client runs `client_round.train_round` and the server applies the same aggregation
-(`strategies.base.weighted_average` + `apply_momentum`). Used to measure Flower's overhead and to
+(`robust.weighted_average` + `apply_momentum`). Used to measure Flower's overhead and to
 check that the Flower path computes exactly the same thing."""
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from hydra.utils import get_class
 from .client_round import build_trainer, evaluate_round, load_node_data, train_round
 from .data import load_split, num_classes_of
 from .models import resolve_architecture
-from .strategies.base import PersonalizedStrategy, apply_momentum, weighted_average
+from .robust import weighted_average
+from .strategies.base import PersonalizedStrategy, apply_momentum
 
 
 def run_plain(cfg: dict[str, Any], threads: int | None = None, progress: bool = False) -> dict[str, Any]:

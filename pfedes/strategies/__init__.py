@@ -1,5 +1,6 @@
 """Server strategies (extending flwr.serverapp.strategy.FedAvg): what is aggregated and how."""
 
-from .base import PersonalizedStrategy, apply_momentum, reply_problem, weighted_average
+from ..robust import weighted_average
+from .base import PersonalizedStrategy, apply_momentum, reply_problem
 
 __all__ = ["PersonalizedStrategy", "apply_momentum", "reply_problem", "weighted_average"]

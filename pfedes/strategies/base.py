@@ -1,9 +1,11 @@
 """What every pfedes server strategy shares with FedAvg, plus what FedAvg lacks:
 
-- compressed replies are decoded (pfedes/compression.py), then every reply is validated one by one (missing or extra keys, shape, dtype, NaN/Inf, weight);
-  a bad reply is dropped with a warning naming the node and the reason, and the round goes on;
-- the weighted average of the shared entries is followed by server momentum
-  (new = beta * old + (1 - beta) * average; beta = 0 is plain FedAvg);
+- compressed replies are decoded (pfedes/compression.py), then every reply is validated one by
+  one (missing or extra keys, shape, dtype, NaN/Inf, weight); a bad reply is dropped with a
+  warning naming the node and the reason, and the round goes on;
+- a reply whose update norm is an outlier of the round is dropped, and the rest are combined by
+  the aggregation rule (pfedes/robust.py; default the weighted average), then server momentum
+  (new = beta * old + (1 - beta) * aggregate; beta = 0 is the aggregate itself);
 - per-round statistics (per-client accuracy by device, bytes sent and received) for the run log.
 """
 
@@ -23,6 +25,7 @@ from flwr.serverapp.strategy import FedAvg
 
 from ..compression import Codec, EncodingError
 from ..config import ConfigError
+from ..robust import Robustness, update_norm
 
 WEIGHT_KEY = "num-examples"
 METRICS_KEY = "metrics"  # the MetricRecord of a train or evaluate reply
@@ -74,18 +77,6 @@ def reply_order(msg: Message) -> tuple[int, int]:
     return partition, msg.metadata.src_node_id
 
 
-def weighted_average(arrays: list[dict[str, np.ndarray]], weights: list[float]) -> dict[str, np.ndarray]:
-    """Sample-weighted mean per key, computed in float64 and cast back to each key's dtype."""
-    w = np.asarray(weights, dtype=np.float64)
-    w = w / w.sum()
-    out = {}
-    for key, first in arrays[0].items():
-        stacked = np.stack([a[key] for a in arrays]).astype(np.float64, copy=False)
-        mean = np.tensordot(w, stacked, axes=1)
-        out[key] = (np.rint(mean) if first.dtype.kind in "iub" else mean).astype(first.dtype)
-    return out
-
-
 def apply_momentum(old: dict[str, np.ndarray], new: dict[str, np.ndarray], beta: float) -> dict[str, np.ndarray]:
     """beta * old + (1 - beta) * new for floating entries; integer entries (counters) take new."""
     if beta == 0.0:
@@ -128,6 +119,7 @@ class PersonalizedStrategy(FedAvg):
         )
         self.cfg = cfg
         self.codec = Codec.from_cfg(cfg)
+        self.robust = Robustness.from_cfg(cfg)
         self.server_momentum = float(cfg["strategy"].get("server_momentum", 0.0))
         if not 0.0 <= self.server_momentum < 1.0:
             raise ValueError(f"strategy.server_momentum {self.server_momentum} is outside [0, 1)")
@@ -209,11 +201,24 @@ class PersonalizedStrategy(FedAvg):
                     msg.metadata.src_node_id, problem)
                 continue
             good.append(msg)
+        good = self.without_norm_outliers(server_round, good)
         good.sort(key=reply_order)
         self.round_stats["clients_trained"] = len(good)
         if not good:
             log(WARNING, "round %d: no usable train reply; the shared state is unchanged", server_round)
         return good
+
+    def without_norm_outliers(self, server_round: int, replies: list[Message]) -> list[Message]:
+        """Drop the replies whose update norm is an outlier of the round (aggregation.norm_threshold)."""
+        norms = [update_norm({k: a.numpy() for k, a in next(iter(m.content.array_records.values())).items()},
+                             self.sent_to(m.metadata.src_node_id)) for m in replies]
+        outliers, median = self.robust.norm_outliers(norms)
+        for i in outliers:
+            self.round_stats["clients_dropped"] += 1
+            log(WARNING, "round %d: dropped the reply of node %d: update norm %.4g is above %g x the round's "
+                "median %.4g (aggregation.norm_threshold)", server_round, replies[i].metadata.src_node_id,
+                norms[i], self.robust.norm_threshold, median)
+        return [m for i, m in enumerate(replies) if i not in set(outliers)]
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]
                         ) -> tuple[ArrayRecord | None, MetricRecord | None]:
@@ -232,10 +237,11 @@ class PersonalizedStrategy(FedAvg):
 
     def aggregate_arrays(self, server_round: int, replies: list[Message],
                          arrays: list[dict[str, np.ndarray]], weights: list[float]) -> dict[str, np.ndarray]:
-        """Weighted average of the validated replies, then server momentum."""
+        """The accepted replies combined by the aggregation rule (default: the weighted average),
+        then server momentum."""
         if not self.current:
             return {}
-        return apply_momentum(self.current, weighted_average(arrays, weights), self.server_momentum)
+        return apply_momentum(self.current, self.robust.combine(arrays, weights), self.server_momentum)
 
     # -- evaluation -------------------------------------------------------------------------
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,

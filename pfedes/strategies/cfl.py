@@ -30,7 +30,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
-from .base import PersonalizedStrategy, weighted_average
+from .base import PersonalizedStrategy
 
 
 def flat_update(reply: dict[str, np.ndarray], sent: dict[str, np.ndarray]) -> np.ndarray:
@@ -153,11 +153,11 @@ class ClusteredFL(PersonalizedStrategy):
                 log(INFO, "round %d: CFL splits cluster %d into %s and %s", server_round, index,
                     sorted(nodes[j] for j in first), sorted(group2))
                 for group, node_set in ((first, cluster["members"] - group2), (second, group2)):
-                    new_clusters.append({"members": set(node_set), "arrays": weighted_average(
+                    new_clusters.append({"members": set(node_set), "arrays": self.robust.combine(
                         [arrays[members[j]] for j in group], [w[j] for j in group])})
             else:
                 new_clusters.append({"members": cluster["members"],
-                                     "arrays": weighted_average([arrays[i] for i in members], w)})
+                                     "arrays": self.robust.combine([arrays[i] for i in members], w)})
         self.clusters = new_clusters
         # in metrics.jsonl: how many clusters, and per replying cluster what the criterion read
         self.round_stats["server"] = {"clusters": len(self.clusters), **norms}

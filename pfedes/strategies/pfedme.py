@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 from flwr.app import Message
 
-from .base import PersonalizedStrategy, apply_momentum, weighted_average
+from .base import PersonalizedStrategy, apply_momentum
 
 
 class PFedMe(PersonalizedStrategy):
@@ -26,4 +26,4 @@ class PFedMe(PersonalizedStrategy):
         if not self.current:
             return {}
         # apply_momentum(old, new, m) = m * old + (1 - m) * new, with m = 1 - beta.
-        return apply_momentum(self.current, weighted_average(arrays, weights), 1.0 - self.beta)
+        return apply_momentum(self.current, self.robust.combine(arrays, weights), 1.0 - self.beta)

@@ -1,0 +1,125 @@
+"""Robust aggregation, for every strategy (`aggregation.*`): which accepted replies count, and how
+the server combines them before its server momentum.
+
+- Norm-anomaly rejection (on by default): a reply whose update norm, ||sent - what the server sent
+  it||, exceeds `norm_threshold` x the median of the round's non-zero norms is dropped, with a
+  warning naming the node. It needs 3 non-zero norms or more (with 2, the median cannot tell which
+  is the outlier).
+- The rule that combines the rest, per entry:
+  - `mean`: the sample-weighted average (FedAvg's);
+  - `trimmed_mean`: per coordinate, the mean after cutting `trim_fraction` of the values at each
+    end (Flower's `fedtrimmedavg.trim_mean`);
+  - `median`: the per-coordinate median (what Flower's FedMedian computes);
+  - `krum` / `multikrum`: the replies Flower's `multikrum.select_multikrum` picks, tolerating
+    `num_malicious` attackers (one reply for krum; n - f for multikrum), then their weighted average.
+  The robust rules are unweighted, as Flower's are. Integer entries (counters) are rounded back.
+
+Flower's strategies FedTrimmedAvg, FedMedian, Krum and MultiKrum aggregate whole replies in their
+own `aggregate_train`; ours carry partial payloads, extra records and a momentum step, so their
+aggregation functions are reused here rather than the strategies themselves. Per-class payloads
+(FedProto, FD, FedGH) are averaged per class over the clients that hold the class; the robust
+rules do not apply to them, the norm rejection does.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, RecordDict
+from flwr.serverapp.strategy.fedtrimmedavg import trim_mean
+from flwr.serverapp.strategy.multikrum import select_multikrum
+
+RULES = ("mean", "trimmed_mean", "median", "krum", "multikrum")
+MIN_REPLIES_FOR_NORM_CHECK = 3
+
+
+@dataclass(frozen=True)
+class Robustness:
+    rule: str = "mean"
+    trim_fraction: float = 0.1
+    num_malicious: int = 0
+    norm_threshold: float = 10.0
+
+    @classmethod
+    def from_cfg(cls, cfg: Mapping[str, Any]) -> Robustness:
+        """The run's settings; a bad one raises ValueError naming it."""
+        a = dict(cfg.get("aggregation") or {})
+        rule = str(a.get("rule", "mean"))
+        if rule not in RULES:
+            raise ValueError(f"aggregation.rule '{rule}' is unknown: expected one of {list(RULES)}")
+        trim = float(a.get("trim_fraction", 0.1))
+        if not (math.isfinite(trim) and 0.0 <= trim < 0.5):
+            raise ValueError(f"aggregation.trim_fraction must be in [0, 0.5), got {a.get('trim_fraction')}")
+        malicious = a.get("num_malicious", 0)
+        if isinstance(malicious, bool) or not isinstance(malicious, int) or malicious < 0:
+            raise ValueError(f"aggregation.num_malicious must be an integer >= 0, got {malicious}")
+        threshold = float(a.get("norm_threshold", 10.0))
+        if not (math.isfinite(threshold) and (threshold == 0.0 or threshold > 1.0)):
+            raise ValueError(f"aggregation.norm_threshold must be 0 (off) or > 1, got {a.get('norm_threshold')}")
+        return cls(rule, trim, malicious, threshold)
+
+    # -- which replies count --------------------------------------------------------------
+    def norm_outliers(self, norms: list[float]) -> tuple[list[int], float]:
+        """(indices of the norms above threshold x the median of the non-zero ones, that median).
+        A reply that changed nothing (a client still warming up) says nothing about the scale."""
+        moved = [n for n in norms if n > 0]
+        if not self.norm_threshold or len(moved) < MIN_REPLIES_FOR_NORM_CHECK:
+            return [], float("nan")
+        median = float(np.median(moved))
+        return [i for i, n in enumerate(norms) if n > self.norm_threshold * median], median
+
+    # -- how they combine ----------------------------------------------------------------
+    def combine(self, arrays: list[dict[str, np.ndarray]], weights: list[float]) -> dict[str, np.ndarray]:
+        """The round's aggregate of the accepted entries under the rule."""
+        if self.rule in ("krum", "multikrum"):
+            keep = self.krum_selection(arrays)
+            return weighted_average([arrays[i] for i in keep], [weights[i] for i in keep])
+        if self.rule == "mean":
+            return weighted_average(arrays, weights)
+        out = {}
+        for key, first in arrays[0].items():
+            stacked = np.stack([a[key] for a in arrays]).astype(np.float64, copy=False)
+            value = (np.median(stacked, axis=0) if self.rule == "median"
+                     else trim_mean(stacked, self.trim_fraction))
+            out[key] = _cast(np.asarray(value), first.dtype)
+        return out
+
+    def krum_selection(self, arrays: list[dict[str, np.ndarray]]) -> list[int]:
+        """Indices of the replies Flower's (Multi-)Krum selects."""
+        contents = [RecordDict({"arrays": ArrayRecord({k: Array(np.asarray(v, np.float64))
+                                                       for k, v in a.items()})}) for a in arrays]
+        count = 1 if self.rule == "krum" else max(1, len(arrays) - self.num_malicious)
+        chosen = select_multikrum(contents, self.num_malicious, count)
+        return sorted(i for i, c in enumerate(contents) if any(c is s for s in chosen))
+
+
+def update_norm(arrays: Mapping[str, np.ndarray], reference: Mapping[str, np.ndarray]) -> float:
+    """||arrays - reference|| over the floating entries (an entry without a reference counts whole)."""
+    total = 0.0
+    for key, value in arrays.items():
+        value = np.asarray(value)
+        if value.dtype.kind != "f":
+            continue
+        ref = reference.get(key)
+        change = value.astype(np.float64) - (ref if ref is not None and np.shape(ref) == value.shape else 0.0)
+        total += float(np.square(change).sum())
+    return math.sqrt(total)
+
+
+def weighted_average(arrays: list[dict[str, np.ndarray]], weights: list[float]) -> dict[str, np.ndarray]:
+    """Sample-weighted mean per key, computed in float64 and cast back to each key's dtype."""
+    w = np.asarray(weights, dtype=np.float64)
+    w = w / w.sum()
+    out = {}
+    for key, first in arrays[0].items():
+        stacked = np.stack([a[key] for a in arrays]).astype(np.float64, copy=False)
+        out[key] = _cast(np.tensordot(w, stacked, axes=1), first.dtype)
+    return out
+
+
+def _cast(value: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    return np.asarray(np.rint(value) if np.dtype(dtype).kind in "iub" else value).astype(dtype)

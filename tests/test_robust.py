@@ -1,0 +1,98 @@
+"""Robust aggregation (pfedes/robust.py): norm-anomaly rejection, trimmed mean, median and
+(Multi-)Krum through Flower's functions, with server momentum after them."""
+
+import logging
+
+import numpy as np
+import pytest
+
+from conftest import make_cfg, train_reply
+from pfedes.config import ConfigError, experiment_config
+from pfedes.robust import Robustness, update_norm, weighted_average
+from pfedes.strategies.pfedes import PFedES
+
+CURRENT = {"w": np.zeros((2, 3), np.float32), "n": np.array(4, np.int64)}
+
+
+def client(value, n=4):
+    return {"w": np.full((2, 3), value, np.float32), "n": np.array(n, np.int64)}
+
+
+def strategy(*overrides, beta=0.0):
+    s = PFedES(make_cfg("num_clients=5", f"strategy.server_momentum={beta}", *overrides))
+    s.current = {k: v.copy() for k, v in CURRENT.items()}
+    return s
+
+
+def aggregate(s, values, weights=None):
+    weights = weights or [1] * len(values)
+    replies = [train_reply(i + 1, client(v), w, train_loss=1.0) for i, (v, w) in enumerate(zip(values, weights))]
+    arrays, _ = s.aggregate_train(1, replies)
+    return {k: a.numpy() for k, a in arrays.items()}
+
+
+def test_update_norm_is_the_distance_from_what_was_sent_over_floating_entries():
+    assert update_norm(client(2.0), CURRENT) == pytest.approx(np.sqrt(6 * 4.0))
+    assert update_norm({"x": np.ones(4, np.float32)}, {}) == pytest.approx(2.0)  # no reference: whole
+
+
+def test_a_scaled_update_is_dropped_by_name_and_the_round_goes_on(caplog):
+    s = strategy()
+    with caplog.at_level(logging.WARNING):
+        new = aggregate(s, [1.0, 1.2, 0.8, 1.1, 100.0])
+    assert "dropped the reply of node 5: update norm" in caplog.text and "norm_threshold" in caplog.text
+    np.testing.assert_allclose(new["w"], np.mean([1.0, 1.2, 0.8, 1.1]), rtol=1e-6)
+    assert s.round_stats["clients_dropped"] == 1 and s.round_stats["clients_trained"] == 4
+
+
+def test_clients_that_changed_nothing_do_not_set_the_scale():
+    # three clients still warming up (no change) and three that trained: none is an outlier
+    new = aggregate(strategy(), [0.0, 0.0, 0.0, 1.0, 2.0, 3.0])
+    np.testing.assert_allclose(new["w"], 1.0)
+
+
+def test_norm_rejection_is_off_at_zero_and_with_fewer_than_three_replies():
+    assert aggregate(strategy("aggregation.norm_threshold=0"), [1.0, 1.0, 100.0])["w"][0, 0] == pytest.approx(34.0)
+    assert aggregate(strategy(), [1.0, 100.0])["w"][0, 0] == pytest.approx(50.5)
+
+
+def test_trimmed_mean_and_median_per_coordinate_on_hand_computed_numbers():
+    values = [0.0, 1.0, 2.0, 3.0, -50.0]  # a sign-flipped, scaled update the norm check lets through
+    off = "aggregation.norm_threshold=0"
+    trimmed = aggregate(strategy("aggregation.rule=trimmed_mean", "aggregation.trim_fraction=0.2", off), values)
+    np.testing.assert_allclose(trimmed["w"], 1.0)  # cut -50 and 3: mean of 0, 1, 2
+    median = aggregate(strategy("aggregation.rule=median", off), values)
+    np.testing.assert_allclose(median["w"], 1.0)
+    assert median["n"].dtype == np.int64 and median["n"] == 4  # counters are rounded back
+
+
+def test_momentum_is_applied_after_the_robust_rule():
+    new = aggregate(strategy("aggregation.rule=median", "aggregation.norm_threshold=0", beta=0.5),
+                    [2.0, 2.0, 2.0, 40.0])
+    np.testing.assert_allclose(new["w"], 0.5 * 0.0 + 0.5 * 2.0)
+
+
+def test_krum_picks_a_central_reply_and_multikrum_averages_the_closest():
+    arrays = [client(v) for v in (1.0, 1.1, 0.9, 1.05, 30.0)]
+    krum = Robustness(rule="krum", num_malicious=1)
+    assert krum.krum_selection(arrays) in ([0], [3])  # the reply closest to the others
+    multi = Robustness(rule="multikrum", num_malicious=1)
+    assert multi.krum_selection(arrays) == [0, 1, 2, 3]
+    np.testing.assert_allclose(multi.combine(arrays, [1] * 5)["w"], np.mean([1.0, 1.1, 0.9, 1.05]), rtol=1e-6)
+
+
+def test_the_mean_rule_is_the_sample_weighted_average():
+    arrays = [client(1.0), client(3.0)]
+    np.testing.assert_allclose(Robustness().combine(arrays, [1, 3])["w"], 2.5)
+    np.testing.assert_allclose(weighted_average(arrays, [1, 3])["w"], 2.5)
+
+
+@pytest.mark.parametrize("override, message", [
+    ("aggregation.rule=mode", "aggregation.rule 'mode' is unknown"),
+    ("aggregation.trim_fraction=0.5", r"aggregation.trim_fraction must be in \[0, 0.5\), got 0.5"),
+    ("aggregation.num_malicious=-1", "aggregation.num_malicious must be an integer >= 0, got -1"),
+    ("aggregation.norm_threshold=0.5", r"aggregation.norm_threshold must be 0 \(off\) or > 1, got 0.5"),
+])
+def test_a_bad_aggregation_setting_is_one_line(override, message):
+    with pytest.raises(ConfigError, match=message):
+        experiment_config([override])
