@@ -18,12 +18,15 @@ from .data import DataError, resolve_data_dir
 from .flower_log import quiet_flower
 
 
-def simulate(cfg: dict[str, Any]) -> dict[str, Any]:
-    """Run one experiment in Flower's simulation engine; returns the run's summary."""
+def simulate(cfg: dict[str, Any], client_app=None) -> dict[str, Any]:
+    """Run one experiment in Flower's simulation engine; returns the run's summary. `client_app`:
+    another ClientApp for every node (a benchmark's, e.g. benchmarks/poisoning.py's attackers)."""
     from flwr.serverapp import ServerApp
     from flwr.simulation import run_simulation
 
-    from .client_app import app as client_app
+    from .client_app import app as pfedes_client_app
+
+    client_app = client_app or pfedes_client_app
     from .server_app import check_method_settings, prepare, run_experiment
 
     validate(cfg)

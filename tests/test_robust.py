@@ -96,3 +96,21 @@ def test_the_mean_rule_is_the_sample_weighted_average():
 def test_a_bad_aggregation_setting_is_one_line(override, message):
     with pytest.raises(ConfigError, match=message):
         experiment_config([override])
+
+
+@pytest.mark.slow
+def test_a_scaled_attacker_wrecks_the_undefended_run_and_the_default_drops_it(tmp_path):
+    """benchmarks/poisoning.py's attacker ClientApp, 4 clients, 2 rounds, partition 0 attacking."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import poisoning
+
+    common = ["num_clients=4", "num_rounds=2", "data.samples_per_client=120", "strategy.warmup_steps=0",
+              "data.path=embedded"]
+    undefended = poisoning.run_condition("scale", "none", 0, [0], tmp_path, common)
+    defended = poisoning.run_condition("scale", "default", 0, [0], tmp_path, common)
+    assert [r["clients_dropped"] for r in undefended] == [0, 0]
+    assert [r["clients_dropped"] for r in defended] == [1, 1]
+    assert defended[-1]["acc_mean"] > undefended[-1]["acc_mean"] + 0.2

@@ -1,0 +1,159 @@
+"""Poisoned clients against the server's defences (pfedes/robust.py): some clients send scaled
+(x100) or sign-flipped updates every round; pFedES's accuracy with no defence, with the default
+norm-anomaly rejection, and with a trimmed mean, beside the clean run, paired by seed.
+
+    python benchmarks/poisoning.py [--seeds 0 1 2] [--attackers 0 5] [--out DIR] [hydra overrides]
+
+The attackers live here only: this file's ClientApp wraps pfedes's own and rewrites the train
+reply of the attacking partitions (update u = sent - received becomes 100 u, or -u). No setting in
+conf/ reaches it. Runs are reused when finished with the same configuration (as pfedes-bench).
+Writes <out>/poisoning.csv, poisoning.json and poisoning.png (default out: benchmarks/results/poisoning).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, Context, Message
+from flwr.clientapp import ClientApp
+
+from _common import RESULTS, default_data_path, experiment
+
+ATTACKS = {"scale": 100.0, "flip": -1.0}  # u -> factor * u
+DEFENCES = {
+    "none": ["aggregation.rule=mean", "aggregation.norm_threshold=0"],
+    "default": [],  # norm-anomaly rejection at conf/'s threshold, weighted mean
+    "trimmed_mean": ["aggregation.rule=trimmed_mean", "aggregation.trim_fraction=0.2"],
+}
+CONDITIONS = [("clean", "default")] + [(a, d) for a in ATTACKS for d in DEFENCES]
+LAST = 5
+
+attacker_app = ClientApp()
+
+
+def poisoned(reply: Message, received: ArrayRecord, factor: float) -> Message:
+    """The reply with every floating shared entry moved to received + factor * (sent - received)."""
+    for name, record in list(reply.content.array_records.items()):
+        out = {}
+        for key, array in record.items():
+            value = array.numpy()
+            ref = received[key].numpy() if key in received else np.zeros_like(value)
+            out[key] = ((ref + factor * (value - ref)).astype(value.dtype) if value.dtype.kind == "f" else value)
+        reply.content[name] = ArrayRecord({k: Array(v) for k, v in out.items()})
+    return reply
+
+
+@attacker_app.train()
+def train(msg: Message, context: Context) -> Message:
+    from pfedes import client_app
+
+    cfg = client_app.parse_experiment(str(msg.content["config"]["experiment"]))
+    received = msg.content.array_records.get("arrays", ArrayRecord())
+    reply = client_app.train(msg, context)
+    attack = cfg.get("attack") or {}
+    partition = int(context.node_config.get("partition-id", -1))
+    if not reply.has_error() and partition in attack.get("partitions", []):
+        reply = poisoned(reply, received, float(attack["factor"]))
+    return reply
+
+
+@attacker_app.evaluate()
+def evaluate(msg: Message, context: Context) -> Message:
+    from pfedes import client_app
+
+    return client_app.evaluate(msg, context)
+
+
+def run_condition(attack: str, defence: str, seed: int, attackers: list[int], out: Path,
+                  overrides: list[str]) -> list[dict]:
+    """One run (reused when it finished with the same configuration); its per-round records."""
+    from pfedes.bench import finished_rounds, read_rounds
+    from pfedes.sim import simulate
+
+    run_dir = out / f"{attack}-{defence}" / f"seed{seed}"
+    cfg = experiment([*DEFENCES[defence], *overrides], seed=seed, out_dir=str(run_dir))
+    if attack != "clean":
+        cfg["attack"] = {"factor": ATTACKS[attack], "partitions": attackers}
+    rounds = finished_rounds(run_dir, cfg)
+    if rounds is None:
+        simulate(cfg, client_app=attacker_app)
+        rounds = read_rounds(run_dir)
+    return rounds
+
+
+def last_mean(rounds: list[dict], key: str = "acc_mean") -> float:
+    return float(np.mean([r[key] for r in rounds[-LAST:]]))
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--attackers", type=int, nargs="+", default=[0, 5], help="partition ids")
+    parser.add_argument("--out", type=Path, default=RESULTS / "poisoning")
+    args, overrides = parser.parse_known_args(argv)
+    overrides = [f"data.path={default_data_path()}", "num_clients=10", "data.partition=dirichlet",
+                 "data.alpha=0.3", "data.samples_per_client=500", *overrides]
+    rows = []
+    for seed in args.seeds:
+        for attack, defence in CONDITIONS:
+            rounds = run_condition(attack, defence, seed, args.attackers, args.out, overrides)
+            rows.append({"attack": attack, "defence": defence, "seed": seed, "acc_last5": last_mean(rounds),
+                         "dropped_per_round": float(np.mean([r["clients_dropped"] for r in rounds]))})
+            print(f"[poisoning] seed {seed} {attack:5s} {defence:12s} acc {rows[-1]['acc_last5']:.3f} "
+                  f"dropped/round {rows[-1]['dropped_per_round']:.2f}", flush=True)
+    report(rows, args, overrides)
+
+
+def report(rows: list[dict], args, overrides: list[str]) -> None:
+    clean = {r["seed"]: r["acc_last5"] for r in rows if r["attack"] == "clean"}
+    summary = []
+    for attack, defence in CONDITIONS:
+        runs = [r for r in rows if (r["attack"], r["defence"]) == (attack, defence)]
+        accs = np.array([r["acc_last5"] for r in runs]) * 100
+        gaps = np.array([r["acc_last5"] - clean[r["seed"]] for r in runs]) * 100
+        summary.append({"attack": attack, "defence": defence, "acc_mean": float(accs.mean()),
+                        "acc_std": float(accs.std(ddof=1)) if len(accs) > 1 else 0.0,
+                        "vs_clean_mean": float(gaps.mean()),
+                        "vs_clean_std": float(gaps.std(ddof=1)) if len(gaps) > 1 else 0.0,
+                        "dropped_per_round": float(np.mean([r["dropped_per_round"] for r in runs]))})
+    args.out.mkdir(parents=True, exist_ok=True)
+    command = "python benchmarks/poisoning.py " + " ".join(
+        [f"--seeds {' '.join(map(str, args.seeds))}", f"--attackers {' '.join(map(str, args.attackers))}"]
+        + overrides)
+    (args.out / "poisoning.json").write_text(json.dumps({"command": command, "runs": rows, "summary": summary},
+                                                        indent=2))
+    with (args.out / "poisoning.csv").open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(summary[0]))
+        writer.writeheader()
+        writer.writerows(summary)
+    plot(summary, args.out / "poisoning.png")
+    print(f"\n`{command}`\n\n| attack | defence | accuracy % | vs clean (points) | replies dropped / round |\n"
+          "|---|---|---|---|---|")
+    for s in summary:
+        print(f"| {s['attack']} | {s['defence']} | {s['acc_mean']:.1f} ± {s['acc_std']:.1f} | "
+              f"{s['vs_clean_mean']:+.1f} ± {s['vs_clean_std']:.1f} | {s['dropped_per_round']:.2f} |")
+
+
+def plot(summary: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    labels = [f"{s['attack']}\n{s['defence']}" for s in summary]
+    ax.bar(labels, [s["acc_mean"] for s in summary], yerr=[s["acc_std"] for s in summary], capsize=3)
+    ax.set_ylabel("personalized accuracy % (last 5 rounds)")
+    ax.set_title("pFedES with poisoned clients")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
