@@ -61,6 +61,7 @@ def to_run_config_value(value: Any) -> Any:
     return value
 
 
+PRESET_KEY = "strategy.name"  # the run-config key that chooses the preset (hydra: strategy=NAME)
 PRESET_VALUE = ""  # a strategy key's run-config default: the chosen preset's own value
 _NOT_SETTINGS = ("name", "server", "trainer", "share", "defaults")
 
@@ -74,8 +75,11 @@ def strategy_setting_names() -> list[str]:
 
 
 def default_run_config() -> dict[str, Any]:
-    """Every overridable key, as Flower's run config spells it: the default values of the keys
-    that every preset shares, and each preset's settings as `strategy.KEY = ""`.
+    """Every overridable key, as Flower's run config spells it: `strategy.name`, the preset (hydra's
+    `strategy=NAME`), the default values of the keys every preset shares, and each preset's
+    settings as `strategy.KEY = ""`. (`strategy.name` rather than `strategy`: `flwr run -c` reads
+    TOML, where `strategy='fedprox' strategy.mu=0.1` would make `strategy` both a string and a
+    table.)
 
     pyproject.toml's [tool.flwr.app.config] must equal this (a test checks it), since Flower
     accepts `-c` overrides only for keys it declares. A strategy key left at "" takes the value
@@ -85,7 +89,7 @@ def default_run_config() -> dict[str, Any]:
     cfg = to_dict(compose())
     flat = {f"strategy.{k}": PRESET_VALUE for k in strategy_setting_names()}
     flat.update({k: to_run_config_value(v) for k, v in flatten(cfg).items() if not k.startswith("strategy.")})
-    flat["strategy"] = cfg["strategy"]["name"]
+    flat[PRESET_KEY] = cfg["strategy"]["name"]
     return flat
 
 
@@ -102,11 +106,11 @@ def overrides_from_run_config(run_config: Mapping[str, Any]) -> list[str]:
     from its declared default, so the chosen preset's own values stand unless a key is set."""
     defaults = default_run_config()
     overrides = []
-    strategy = run_config.get("strategy", defaults["strategy"])
-    if strategy != defaults["strategy"]:
+    strategy = run_config.get(PRESET_KEY, defaults[PRESET_KEY])
+    if strategy != defaults[PRESET_KEY]:
         overrides.append(f"strategy={strategy}")
     for key, value in run_config.items():
-        if key == "strategy" or (key in defaults and defaults[key] == value):
+        if key == PRESET_KEY or (key in defaults and defaults[key] == value):
             continue
         overrides.append(f"{key}={_hydra_value(value, defaults.get(key))}")
     return overrides

@@ -7,7 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import uuid
-from logging import INFO, WARNING
+from logging import ERROR, INFO, WARNING
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,7 @@ from hydra.utils import get_class
 
 from .client_state import atomic_torch_save, state_digest
 from .config import ConfigError, experiment_config, overrides_from_run_config
-from .data import classes_in_no_partition, load_split, load_unified_test, num_classes_of
+from .data import DataError, classes_in_no_partition, load_split, load_unified_test, num_classes_of
 from .grid import PromptGrid
 from .flower_log import quiet_flower
 from .models import resolve_architecture
@@ -36,9 +36,14 @@ RESUME_FREE_KEYS = ("num_rounds", "resume", "run_token", "logging")
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
-    cfg = experiment_config(overrides_from_run_config(dict(context.run_config)))
-    with quiet_flower():
-        run_experiment(PromptGrid(grid), cfg)
+    try:
+        cfg = experiment_config(overrides_from_run_config(dict(context.run_config)))
+        check_method_settings(cfg)
+        with quiet_flower():
+            run_experiment(PromptGrid(grid), cfg)
+    except (ConfigError, DataError) as exc:  # the one line first; Flower then marks the run failed
+        log(ERROR, "pfedes ServerApp: %s", exc)
+        raise
 
 
 def prepare(cfg: dict[str, Any]) -> dict[str, Any]:

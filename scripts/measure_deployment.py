@@ -17,13 +17,11 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
 
 DEVICES = ("phone", "gateway", "gpu-host")
 
@@ -51,8 +49,7 @@ def run_simulation(args: argparse.Namespace, out_dir: Path) -> list[float]:
 
 
 def run_deployment(args: argparse.Namespace, root: Path) -> list[float]:
-    from deploy_helpers import LocalDeployment
-
+    from pfedes.local_deployment import LocalDeployment
     from pfedes.tracing import TRACE_ENV
 
     out_dir = root / "server-out"

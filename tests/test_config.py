@@ -36,19 +36,27 @@ def test_flower_run_config_overrides_mean_the_same_as_hydra_overrides():
     ("pfedes", "proxy_epochs", 2),
 ])
 def test_every_presets_settings_can_be_set_by_run_config(strategy, key, value):
-    run_config = dict(pyproject_run_config(), strategy=strategy, **{f"strategy.{key}": value})
+    run_config = dict(pyproject_run_config(), **{"strategy.name": strategy, f"strategy.{key}": value})
     via_flower = experiment_config(overrides_from_run_config(run_config))
     assert via_flower == experiment_config([f"strategy={strategy}", f"strategy.{key}={value}"])
     assert via_flower["strategy"][key] == value
 
 
 def test_a_preset_key_left_unset_keeps_the_presets_own_value():
-    cfg = experiment_config(overrides_from_run_config(dict(pyproject_run_config(), strategy="fedproto")))
+    cfg = experiment_config(overrides_from_run_config(dict(pyproject_run_config(), **{"strategy.name": "fedproto"})))
     assert cfg == experiment_config(["strategy=fedproto"])
 
 
+def test_flowers_own_parser_reads_a_preset_and_its_settings_in_one_string():
+    from flwr.common.config import parse_config_args
+
+    run_config = dict(pyproject_run_config(), **parse_config_args(["strategy.name='fedprox' strategy.mu=0.1"]))
+    assert experiment_config(overrides_from_run_config(run_config)) == experiment_config(
+        ["strategy=fedprox", "strategy.mu=0.1"])
+
+
 def test_selecting_another_strategy_by_run_config():
-    cfg = experiment_config(overrides_from_run_config(dict(pyproject_run_config(), strategy="local")))
+    cfg = experiment_config(overrides_from_run_config(dict(pyproject_run_config(), **{"strategy.name": "local"})))
     assert cfg["strategy"]["name"] == "local" and cfg["strategy"]["share"] == []
 
 

@@ -1,5 +1,5 @@
 """Real deployment on 127.0.0.1 with Flower's deployment engine: a SuperLink, SuperNodes and the
-`flwr` CLI as separate processes, TLS everywhere and SuperNode authentication (tests/deploy_helpers.py).
+`flwr` CLI as separate processes, TLS everywhere and SuperNode authentication (pfedes/local_deployment.py).
 
 The end-to-end test follows one federation through what users do to it: three devices train
 three rounds, one device dies mid-run, the server is restarted and resumes, the dead device
@@ -20,7 +20,7 @@ import torch
 import yaml
 from flwr.app import Array, ArrayRecord
 
-from deploy_helpers import ROOT, LocalDeployment, wait_until
+from pfedes.local_deployment import ROOT, LocalDeployment, wait_until
 from pfedes.client_state import state_digest
 from pfedes.data import embedded_dir
 from pfedes.server_app import CHECKPOINT

@@ -1,6 +1,9 @@
-"""A real Flower deployment on 127.0.0.1 for tests and measurements: one SuperLink, SuperNodes,
-and the `flwr` CLI, each a process of its own, with TLS and SuperNode authentication made by
-scripts/make_certs.sh. Every wait is bounded; `close()` kills every process group it started.
+"""A real Flower deployment on 127.0.0.1 for a first trial (`pfedes-trial`), tests and
+measurements: one SuperLink, SuperNodes and the `flwr` CLI, each a process of its own, optionally
+with TLS and SuperNode authentication made by scripts/make_certs.sh. A thin layer over Flower's own
+CLIs: it starts them, waits for them (every wait is bounded), and `close()` kills every process
+group it started. Everything it writes stays under its root directory (the CLI's FLWR_HOME too).
+Needs the source checkout (it packs the app from it).
 
     with LocalDeployment(tmp_path) as dep:
         dep.start_superlink()
