@@ -30,7 +30,7 @@ import hydra
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
-from .config import ConfigError, conf_dir, experiment_config
+from .config import ConfigError, conf_dir, experiment_config, with_later_settings
 from .recording import shown_path
 
 LAST_ROUNDS = 5
@@ -166,28 +166,6 @@ def needs_one_architecture(cfg: dict[str, Any]) -> str | None:
 def read_rounds(out_dir: Path) -> list[dict[str, Any]]:
     path = out_dir / "metrics.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def with_later_settings(saved: dict[str, Any], wanted: dict[str, Any]) -> dict[str, Any]:
-    """A run's saved config with the settings added to conf/ since it ran, at their defaults (its
-    strategy's preset): a run from before a setting existed ran as its default does."""
-    from .config import compose, to_dict
-
-    missing = [k for k in wanted if k not in saved]
-    if not missing and all(k in saved.get("strategy", {}) for k in wanted.get("strategy", {})):
-        return saved
-    defaults = to_dict(compose([f"strategy={saved.get('strategy', {}).get('name', wanted['strategy']['name'])}"]))
-
-    def fill(have: dict[str, Any], default: dict[str, Any]) -> dict[str, Any]:
-        out = dict(have)
-        for key, value in default.items():
-            if key not in out:
-                out[key] = value
-            elif isinstance(value, dict) and isinstance(out[key], dict):
-                out[key] = fill(out[key], value)
-        return out
-
-    return fill(saved, {k: v for k, v in defaults.items() if k in wanted})
 
 
 def finished_rounds(out_dir: Path, cfg: dict[str, Any]) -> list[dict[str, Any]] | None:

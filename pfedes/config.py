@@ -155,3 +155,23 @@ def validate(cfg: dict[str, Any]) -> None:
 
         need(available(), "logging.tensorboard=true needs the tensorboard package: "
                           "pip install -e \".[tensorboard]\" (or pip install tensorboard)")
+
+
+def with_later_settings(saved: dict[str, Any], wanted: dict[str, Any]) -> dict[str, Any]:
+    """A run's saved config with the settings added to conf/ since it ran, at their defaults (its
+    strategy's preset): a run from before a setting existed ran as its default does."""
+    missing = [k for k in wanted if k not in saved]
+    if not missing and all(k in saved.get("strategy", {}) for k in wanted.get("strategy", {})):
+        return saved
+    defaults = to_dict(compose([f"strategy={saved.get('strategy', {}).get('name', wanted['strategy']['name'])}"]))
+
+    def fill(have: dict[str, Any], default: dict[str, Any]) -> dict[str, Any]:
+        out = dict(have)
+        for key, value in default.items():
+            if key not in out:
+                out[key] = value
+            elif isinstance(value, dict) and isinstance(out[key], dict):
+                out[key] = fill(out[key], value)
+        return out
+
+    return fill(saved, {k: v for k, v in defaults.items() if k in wanted})

@@ -19,7 +19,7 @@ from flwr.serverapp import Grid, ServerApp
 from hydra.utils import get_class
 
 from .client_state import atomic_torch_save, state_digest
-from .config import ConfigError, experiment_config, overrides_from_run_config
+from .config import ConfigError, experiment_config, overrides_from_run_config, with_later_settings
 from .data import DataError, classes_in_no_partition, load_split, load_unified_test, num_classes_of
 from .grid import PromptGrid
 from .flower_log import quiet_flower
@@ -96,14 +96,31 @@ def save_checkpoint(path: Path, server_round: int, arrays: ArrayRecord, strategy
     atomic_torch_save({"round": server_round,
                        "arrays": {k: v.numpy() for k, v in arrays.items()},
                        "strategy": strategy.state_dict(), "rounds": rounds,
-                       "fingerprint": config_fingerprint(cfg), "run_token": cfg["run_token"]}, path)
+                       "fingerprint": config_fingerprint(cfg), "run_token": cfg["run_token"],
+                       "config": cfg}, path)
+
+
+def checkpoint_config(checkpoint: dict[str, Any], path: Path, cfg: dict[str, Any]) -> dict[str, Any] | None:
+    """The configuration that wrote a checkpoint: stored in it, or (a checkpoint from before it
+    was) the summary.json beside it, when its fingerprint proves it the same; else None."""
+    if "config" in checkpoint:
+        return checkpoint["config"]
+    try:
+        saved = json.loads((path.parent / "summary.json").read_text())["config"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    saved = dict(saved, **{k: cfg[k] for k in ("out_dir", "client_state_dir") if k in cfg})  # shown relative there
+    return saved if config_fingerprint(saved) == checkpoint["fingerprint"] else None
 
 
 def load_checkpoint(path: Path, cfg: dict[str, Any]) -> dict[str, Any]:
+    """The checkpoint at `path` if the run that wrote it had cfg's configuration (but for
+    RESUME_FREE_KEYS, and for settings added to conf/ since, at their defaults)."""
     if not path.is_file():
         raise ConfigError(f"resume=true but there is no checkpoint at '{path}'")
     checkpoint = torch.load(path, map_location="cpu", weights_only=False)
-    if checkpoint["fingerprint"] != config_fingerprint(cfg):
+    saved = checkpoint_config(checkpoint, path, cfg) if checkpoint["fingerprint"] != config_fingerprint(cfg) else cfg
+    if saved is None or config_fingerprint(with_later_settings(saved, cfg)) != config_fingerprint(cfg):
         raise ConfigError(f"resume=true but '{path}' was written by a run with another configuration "
                           f"(only {', '.join(RESUME_FREE_KEYS)} may change)")
     return checkpoint
