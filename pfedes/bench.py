@@ -30,7 +30,7 @@ import hydra
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
-from .config import ConfigError, conf_dir, experiment_config, with_later_settings
+from .config import ConfigError, conf_dir, device_train_settings, experiment_config, with_later_settings
 from .recording import shown_path
 
 LAST_ROUNDS = 5
@@ -414,6 +414,18 @@ def plateau_note(runs: list[Run], num_rounds: int) -> str | None:
             f"across those rounds; by seed {seeds}), so {verdict}.")
 
 
+def training_note(cfg: dict[str, Any]) -> str:
+    """The local training settings, and what each device profile set for itself."""
+    t = cfg["train"]
+    note = (f"SGD lr {t['lr']}, momentum {t['momentum']}, batch {t['batch_size']}, "
+            f"{t['local_epochs']} local epoch(s) per round")
+    own = device_train_settings(cfg)
+    if own:
+        note += "; " + "; ".join(f"{d}: " + ", ".join(f"{k} {v}" for k, v in sorted(s.items()))
+                                 for d, s in sorted(own.items()))
+    return note
+
+
 def write_markdown(path: Path, settings: dict[str, Any], strategies: list[str], runs: list[Run],
                    diagnosis: dict[str, Any]) -> None:
     seeds = settings["seeds"]
@@ -422,7 +434,7 @@ def write_markdown(path: Path, settings: dict[str, Any], strategies: list[str], 
         f"`{settings['command']}`", "",
         f"Clients: {settings['num_clients']} ({', '.join(settings['devices'])}); rounds: {settings['num_rounds']}; "
         f"data: {settings['data']}; seeds: {seeds}. Every strategy ran on the same partition, seeds and "
-        "local test splits.", "",
+        "local test splits. Training: " + settings["training"] + ".", "",
         f"Personalized accuracy: each client's model on its own held-out split, averaged over clients, "
         f"mean of the last {LAST_ROUNDS} rounds; ± is the standard deviation over seeds (none with one seed). Worst client: the "
         "lowest client accuracy of a round, same averaging. Gains are paired by seed. Global accuracy: the "
@@ -521,7 +533,8 @@ def bench(bench_cfg: dict[str, Any], task_overrides: list[str]) -> list[Run]:
                 "devices": first["clients"]["devices"],
                 "data": f"{first['data']['path']}, {first['data']['partition']}, "
                         f"{first['data']['samples_per_client']} samples per client",
-                "command": " ".join(["pfedes-bench", *task_overrides])}
+                "command": " ".join(["pfedes-bench", *task_overrides]),
+                "training": training_note(first)}
     runs = [Run(name, seed, out_dir / name / f"seed{seed}") for seed in seeds for name in strategies]
     for run in runs:
         execute(run, configs[(run.strategy, run.seed)], bool(bench_cfg.get("rerun", False)))

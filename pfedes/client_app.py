@@ -31,6 +31,7 @@ from . import tracing
 from .client_round import build_trainer, evaluate_round, load_node_data, train_round
 from .client_state import StateStore
 from .compression import Codec
+from .config import for_device
 from .data import DataError
 from .models import resolve_architecture
 from .strategies.base import EVAL_IN_TRAIN_KEY, METRICS_KEY
@@ -106,8 +107,9 @@ def _setup(msg: Message, context: Context):
     if "experiment" not in config:
         raise ValueError("the message carries no 'experiment' config: is the ServerApp a pfedes one?")
     cfg = parse_experiment(str(config["experiment"]))
-    set_threads(threads_for(cfg))
     node = resolve_node(cfg, dict(context.node_config), context.node_id)
+    cfg = for_device(cfg, node.device)  # its profile's own training settings (train.by_device)
+    set_threads(threads_for(cfg))
     data = load_node_data(cfg, node.data_path, node.partition_id, node.num_partitions, node.state_file.parent)
     known = context.state.config_records.get(VERSION_KEY)
     version = int(known["version"]) if known is not None else None

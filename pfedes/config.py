@@ -55,10 +55,10 @@ def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def to_run_config_value(value: Any) -> Any:
-    """Flower's run config holds scalars: lists travel as comma-separated strings."""
+    """Flower's run config holds scalars: lists travel as comma-separated strings, null as ""."""
     if isinstance(value, (list, tuple)):
         return ",".join(str(v) for v in value)
-    return value
+    return PRESET_VALUE if value is None else value
 
 
 PRESET_KEY = "strategy.name"  # the run-config key that chooses the preset (hydra: strategy=NAME)
@@ -123,6 +123,22 @@ def experiment_config(overrides: Sequence[str] = ()) -> dict[str, Any]:
     return cfg
 
 
+DEVICE_TRAIN_KEYS = {"lr": float, "local_epochs": int, "batch_size": int, "torch_threads": int}
+
+
+def for_device(cfg: dict[str, Any], device: str) -> dict[str, Any]:
+    """cfg with `train` taking the device profile's own values where train.by_device sets them."""
+    own = {k: v for k, v in ((cfg["train"].get("by_device") or {}).get(device) or {}).items() if v is not None}
+    return {**cfg, "train": {**cfg["train"], **own}} if own else cfg
+
+
+def device_train_settings(cfg: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The values each device profile sets for itself (only those set)."""
+    return {device: {k: v for k, v in (own or {}).items() if v is not None}
+            for device, own in (cfg["train"].get("by_device") or {}).items()
+            if any(v is not None for v in (own or {}).values())}
+
+
 def validate(cfg: dict[str, Any]) -> None:
     def need(cond: bool, msg: str) -> None:
         if not cond:
@@ -142,6 +158,20 @@ def validate(cfg: dict[str, Any]) -> None:
     need(int(cfg["train"]["batch_size"]) >= 2, "train.batch_size must be >= 2")
     devices = cfg["clients"]["devices"]
     need(isinstance(devices, list) and len(devices) > 0, "clients.devices must be a non-empty list")
+    for device, own in (cfg["train"].get("by_device") or {}).items():
+        need(device in cfg["model"]["profiles"], f"train.by_device.{device}: '{device}' is not a device profile "
+                                                 f"(model.profiles has {sorted(cfg['model']['profiles'])})")
+        for key, value in (own or {}).items():
+            name = f"train.by_device.{device}.{key}"
+            need(key in DEVICE_TRAIN_KEYS, f"{name} is unknown: a profile may set {sorted(DEVICE_TRAIN_KEYS)}")
+            if value is None:
+                continue
+            need(isinstance(value, (int, float)) and not isinstance(value, bool)
+                 and (DEVICE_TRAIN_KEYS[key] is float or float(value).is_integer()),
+                 f"{name} must be a number{'' if DEVICE_TRAIN_KEYS[key] is float else ' (an integer)'}, got {value!r}")
+            low = {"lr": 0.0, "local_epochs": 1, "batch_size": 2, "torch_threads": 0}[key]
+            need(value > low if key == "lr" else value >= low,
+                 f"{name} must be {'>' if key == 'lr' else '>='} {low}, got {value}")
     from .compression import Codec
     from .robust import Robustness
 

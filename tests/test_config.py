@@ -65,3 +65,40 @@ def test_bad_overrides_give_a_one_line_error_naming_the_key():
         experiment_config(["strategy=local", "strategy.lam=0.3"])
     with pytest.raises(ConfigError, match="num_rounds"):
         experiment_config(["num_rounds=0"])
+
+
+def test_a_device_profile_may_train_with_its_own_settings(small_data):
+    import torch
+
+    from pfedes.client_round import build_trainer
+    from pfedes.config import for_device
+
+    cfg = experiment_config(["strategy=local", "train.by_device.gpu-host.local_epochs=3",
+                             "train.by_device.phone.lr=0.05", "train.batch_size=16"])
+    assert for_device(cfg, "phone")["train"]["lr"] == 0.05 and for_device(cfg, "gateway") is cfg
+    steps = {}
+    for device in ("gateway", "gpu-host"):
+        trainer = build_trainer(for_device(cfg, device), "cnn3", 10, 0)
+        trainer.fit(small_data, torch.Generator().manual_seed(0))
+        steps[device] = trainer.steps
+    assert steps["gpu-host"] == 3 * steps["gateway"]
+    assert build_trainer(for_device(cfg, "phone"), "cnn3", 10, 0).optimizer.param_groups[0]["lr"] == 0.05
+
+
+def test_the_bench_says_which_settings_each_profile_used():
+    from pfedes.bench import training_note
+
+    note = training_note(experiment_config(["train.by_device.phone.local_epochs=2"]))
+    assert note.endswith("1 local epoch(s) per round; phone: local_epochs 2")
+
+
+@pytest.mark.parametrize("override, message", [
+    ("train.by_device.phone.lr=-1", "train.by_device.phone.lr must be > 0.0, got -1"),
+    ("train.by_device.gpu-host.local_epochs=0", "train.by_device.gpu-host.local_epochs must be >= 1, got 0"),
+    ("train.by_device.phone.batch_size=2.5", "train.by_device.phone.batch_size must be a number (an integer)"),
+    ("+train.by_device.toaster.lr=0.1", "train.by_device.toaster: 'toaster' is not a device profile"),
+    ("+train.by_device.phone.momentum=0.5", "train.by_device.phone.momentum is unknown"),
+])
+def test_a_bad_device_setting_is_one_line_naming_it(override, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        experiment_config([override])
