@@ -40,8 +40,6 @@ def _make_filters(model: nn.Module) -> dict[str, Callable[[str], bool]]:
     }
 
 
-FILTERS = tuple(_make_filters(nn.Module()))
-
 
 def shared_keys(model: nn.Module, spec: Sequence[str]) -> list[str]:
     """The state_dict keys of `model` that the filters in `spec` let leave the client."""

@@ -249,9 +249,6 @@ class LocalDeployment:
         except DeploymentError as exc:
             raise DeploymentError(f"{exc}\n{self.run_log(run_id)[-3000:]}") from None
 
-    def stop_run(self, run_id: int) -> None:
-        self.cli("stop", str(run_id), CONNECTION, check=False)
-
     def run_log(self, run_id: int, timeout: float = 30) -> str:
         """The ServerApp's log as `flwr log` prints it (without following)."""
         result = self.cli("log", str(run_id), CONNECTION, "--show", timeout=timeout, check=False)

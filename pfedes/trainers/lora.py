@@ -49,8 +49,7 @@ class LoRATrainer(FedAvgTrainer):
             load_base_checkpoint(self.model, str(s["base_checkpoint"]))
         del self.model.projection
         self.exchange = torch.nn.ModuleDict(dict(self.model.named_children()))
-        self.adapted_layers = attach_lora(self.exchange, int(s["rank"]), float(s["alpha"]),
-                                          conv=bool(s["conv"]))
+        attach_lora(self.exchange, int(s["rank"]), float(s["alpha"]), conv=bool(s["conv"]))
 
     def trainable_parameters(self):
         return [p for p in self.exchange.parameters() if p.requires_grad]
