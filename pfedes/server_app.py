@@ -39,6 +39,9 @@ def main(grid: Grid, context: Context) -> None:
     try:
         cfg = experiment_config(overrides_from_run_config(dict(context.run_config)))
         check_method_settings(cfg)
+        if not Path(cfg["out_dir"]).expanduser().is_absolute():  # the SuperLink's directory, not the user's
+            log(WARNING, "[pfedes] out_dir '%s' is relative: results go to %s (the ServerApp's working "
+                "directory); pass an absolute out_dir to choose", cfg["out_dir"], prepare(cfg)["out_dir"])
         with quiet_flower():
             run_experiment(PromptGrid(grid), cfg)
     except (ConfigError, DataError) as exc:  # the one line first; Flower then marks the run failed
