@@ -7,6 +7,8 @@ console; everything else passes untouched.
   score on the server;
 - the "Final results" dump of every round's metrics: they are in metrics.jsonl, and the run log
   has one line per round;
+- "fraction_evaluate is set to 0.0. Federated evaluation will be skipped": what
+  evaluate_in_train=true does on purpose (the strategy says it in its own words);
 - `run_simulation`'s deprecation notice: pfedes-sim calls it on purpose (in-process simulation,
   with hydra's overrides); `flwr run` is the other entry point, and both run the same ServerApp;
 - Ray's FutureWarning about the accelerator env var (a note for Ray's own future default).
@@ -24,6 +26,9 @@ from flwr.common.logger import FLOWER_LOGGER
 _DROPPED = {
     "\t%s",  # the lines of Flower's "Final results" dump
     "Final results:",
+    # evaluate_in_train=true sets it (the evaluation comes with the train reply): the strategy
+    # says so instead; a user's own fraction_evaluate must be > 0
+    "fraction_evaluate is set to 0.0. Federated evaluation will be skipped.",
 }
 _DROPPED_WHEN_NONE = {"\t└──> MetricRecord: %s", "Initial global evaluation results: %s"}
 _CONFIG_DUMP = ("\t├── ConfigRecord (train): %s", "\t├── ConfigRecord (evaluate): %s")

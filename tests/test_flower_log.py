@@ -39,6 +39,7 @@ def test_config_dumps_none_records_and_the_final_dump_are_dropped_the_rest_passe
         log(logging.INFO, "Final results:")
         log(logging.INFO, "\t%s", "{1: {'acc_mean': 0.5}}")
         warn_deprecated_feature("The `run_simulation` function is deprecated and will be removed")
+        log(logging.WARNING, "fraction_evaluate is set to 0.0. Federated evaluation will be skipped.")
         log(logging.WARNING, "a node did not reply")
     assert logged(emit) == ["\t├── Settings: the experiment's (out_dir/summary.json)",
                             "\t└──> MetricRecord: {'global_acc': 0.5}", "a node did not reply"]

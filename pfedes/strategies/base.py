@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable
-from logging import WARNING
+from logging import INFO, WARNING
 from typing import Any
 
 import numpy as np
@@ -117,6 +117,9 @@ class PersonalizedStrategy(FedAvg):
             min_evaluate_nodes=max(1, int(fraction_evaluate * min_available)),
             min_available_nodes=min_available,
         )
+        if self.evaluate_in_train:
+            log(INFO, "[pfedes] evaluate_in_train: each client evaluates its personal model right after "
+                "training and sends the figures with its train reply; there is no evaluate round")
         self.cfg = cfg
         self.codec = Codec.from_cfg(cfg)
         self.robust = Robustness.from_cfg(cfg)
