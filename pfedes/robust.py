@@ -13,6 +13,9 @@ the server combines them before its server momentum.
   - `krum` / `multikrum`: the replies Flower's `multikrum.select_multikrum` picks, tolerating
     `num_malicious` attackers (one reply for krum; n - f for multikrum), then their weighted average.
   The robust rules are unweighted, as Flower's are. Integer entries (counters) are rounded back.
+- Two-tier aggregation (`groups`: `device` or `arch`): the rule inside each group of replies
+  first, then the groups' results averaged with `group_weighting` `equal` (a few GPU hosts weigh
+  as much as many phones) or `samples` (with the mean rule, the same as no groups).
 
 Flower's strategies FedTrimmedAvg, FedMedian, Krum and MultiKrum aggregate whole replies in their
 own `aggregate_train`; ours carry partial payloads, extra records and a momentum step, so their
@@ -34,6 +37,8 @@ from flwr.serverapp.strategy.fedtrimmedavg import trim_mean
 from flwr.serverapp.strategy.multikrum import select_multikrum
 
 RULES = ("mean", "trimmed_mean", "median", "krum", "multikrum")
+GROUPS = ("none", "device", "arch")  # two-tier aggregation: by device profile, or by architecture
+GROUP_WEIGHTING = ("equal", "samples")
 MIN_REPLIES_FOR_NORM_CHECK = 3
 
 
@@ -43,6 +48,8 @@ class Robustness:
     trim_fraction: float = 0.1
     num_malicious: int = 0
     norm_threshold: float = 10.0
+    groups: str = "none"
+    group_weighting: str = "equal"
 
     @classmethod
     def from_cfg(cls, cfg: Mapping[str, Any]) -> Robustness:
@@ -60,7 +67,13 @@ class Robustness:
         threshold = float(a.get("norm_threshold", 10.0))
         if not (math.isfinite(threshold) and (threshold == 0.0 or threshold > 1.0)):
             raise ValueError(f"aggregation.norm_threshold must be 0 (off) or > 1, got {a.get('norm_threshold')}")
-        return cls(rule, trim, malicious, threshold)
+        groups, group_weighting = str(a.get("groups", "none")), str(a.get("group_weighting", "equal"))
+        if groups not in GROUPS:
+            raise ValueError(f"aggregation.groups '{groups}' is unknown: expected one of {list(GROUPS)}")
+        if group_weighting not in GROUP_WEIGHTING:
+            raise ValueError(f"aggregation.group_weighting '{group_weighting}' is unknown: expected one of "
+                             f"{list(GROUP_WEIGHTING)}")
+        return cls(rule, trim, malicious, threshold, groups, group_weighting)
 
     # -- which replies count --------------------------------------------------------------
     def norm_outliers(self, norms: list[float]) -> tuple[list[int], float]:
@@ -73,8 +86,23 @@ class Robustness:
         return [i for i, n in enumerate(norms) if n > self.norm_threshold * median], median
 
     # -- how they combine ----------------------------------------------------------------
-    def combine(self, arrays: list[dict[str, np.ndarray]], weights: list[float]) -> dict[str, np.ndarray]:
-        """The round's aggregate of the accepted entries under the rule."""
+    def combine(self, arrays: list[dict[str, np.ndarray]], weights: list[float],
+                groups: list[str] | None = None) -> dict[str, np.ndarray]:
+        """The round's aggregate of the accepted entries under the rule; with `groups` (one name per
+        reply) two-tier: the rule inside each group, then the groups' results averaged, each group
+        weighing the same (`equal`) or its replies' summed weight (`samples`)."""
+        if groups is None:
+            return self.combine_flat(arrays, weights)
+        members: dict[str, list[int]] = {}
+        for i, group in enumerate(groups):
+            members.setdefault(group, []).append(i)
+        tiers = [self.combine_flat([arrays[i] for i in idx], [weights[i] for i in idx]) for idx in members.values()]
+        across = [1.0 if self.group_weighting == "equal" else float(sum(weights[i] for i in idx))
+                  for idx in members.values()]
+        return weighted_average(tiers, across)
+
+    def combine_flat(self, arrays: list[dict[str, np.ndarray]], weights: list[float]) -> dict[str, np.ndarray]:
+        """The rule over all the given replies."""
         if self.rule in ("krum", "multikrum"):
             keep = self.krum_selection(arrays)
             return weighted_average([arrays[i] for i in keep], [weights[i] for i in keep])

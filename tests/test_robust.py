@@ -92,6 +92,8 @@ def test_the_mean_rule_is_the_sample_weighted_average():
     ("aggregation.trim_fraction=0.5", r"aggregation.trim_fraction must be in \[0, 0.5\), got 0.5"),
     ("aggregation.num_malicious=-1", "aggregation.num_malicious must be an integer >= 0, got -1"),
     ("aggregation.norm_threshold=0.5", r"aggregation.norm_threshold must be 0 \(off\) or > 1, got 0.5"),
+    ("aggregation.groups=region", "aggregation.groups 'region' is unknown"),
+    ("aggregation.group_weighting=loss", "aggregation.group_weighting 'loss' is unknown"),
 ])
 def test_a_bad_aggregation_setting_is_one_line(override, message):
     with pytest.raises(ConfigError, match=message):
@@ -114,3 +116,31 @@ def test_a_scaled_attacker_wrecks_the_undefended_run_and_the_default_drops_it(tm
     assert [r["clients_dropped"] for r in undefended] == [0, 0]
     assert [r["clients_dropped"] for r in defended] == [1, 1]
     assert defended[-1]["acc_mean"] > undefended[-1]["acc_mean"] + 0.2
+
+
+def device_reply(node, value, device, n=1):
+    from flwr.app import ConfigRecord
+
+    reply = train_reply(node, client(value), n, train_loss=1.0)
+    reply.content["info"] = ConfigRecord({"device": device, "arch": f"net-{device}", "partition-id": node})
+    return reply
+
+
+def test_two_tier_aggregation_lets_a_few_clients_of_one_profile_weigh_as_much_as_many():
+    """Three phones at 1.0 and one gpu-host at 5.0: flat mean 2.0; by device with equal group
+    weights (1.0 + 5.0) / 2 = 3.0; with the groups weighted by samples, the flat mean again."""
+    fleet = [(1, 1.0, "phone"), (2, 1.0, "phone"), (3, 1.0, "phone"), (4, 5.0, "gpu-host")]
+    results = {}
+    for name, extra in [("flat", []), ("equal", ["aggregation.groups=device"]),
+                        ("samples", ["aggregation.groups=arch", "aggregation.group_weighting=samples"])]:
+        s = strategy("aggregation.norm_threshold=0", *extra)
+        arrays, _ = s.aggregate_train(1, [device_reply(*client_spec) for client_spec in fleet])
+        results[name] = float(arrays["w"].numpy()[0, 0])
+    assert results == pytest.approx({"flat": 2.0, "equal": 3.0, "samples": 2.0})
+
+
+def test_two_tier_applies_the_robust_rule_inside_each_group():
+    arrays = [client(v) for v in (1.0, 1.2, 100.0, 3.0)]
+    robust = Robustness(rule="median", groups="device")
+    combined = robust.combine(arrays, [1, 1, 1, 1], ["phone", "phone", "phone", "gateway"])
+    np.testing.assert_allclose(combined["w"], (1.2 + 3.0) / 2)  # the phones' median, then the groups' mean

@@ -244,7 +244,16 @@ class PersonalizedStrategy(FedAvg):
         then server momentum."""
         if not self.current:
             return {}
-        return apply_momentum(self.current, self.robust.combine(arrays, weights), self.server_momentum)
+        return apply_momentum(self.current, self.combine(replies, arrays, weights), self.server_momentum)
+
+    def combine(self, replies: list[Message], arrays: list[dict[str, np.ndarray]],
+                weights: list[float]) -> dict[str, np.ndarray]:
+        """The aggregation rule over these replies' arrays (two-tier when aggregation.groups is set)."""
+        groups = None
+        if self.robust.groups != "none":
+            infos = [m.content.config_records.get("info", ConfigRecord()) for m in replies]
+            groups = [str(info.get(self.robust.groups, "?")) for info in infos]
+        return self.robust.combine(arrays, weights, groups)
 
     # -- evaluation -------------------------------------------------------------------------
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,

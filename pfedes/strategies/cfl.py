@@ -153,11 +153,13 @@ class ClusteredFL(PersonalizedStrategy):
                 log(INFO, "round %d: CFL splits cluster %d into %s and %s", server_round, index,
                     sorted(nodes[j] for j in first), sorted(group2))
                 for group, node_set in ((first, cluster["members"] - group2), (second, group2)):
-                    new_clusters.append({"members": set(node_set), "arrays": self.robust.combine(
-                        [arrays[members[j]] for j in group], [w[j] for j in group])})
+                    new_clusters.append({"members": set(node_set), "arrays": self.combine(
+                        [replies[members[j]] for j in group], [arrays[members[j]] for j in group],
+                        [w[j] for j in group])})
             else:
                 new_clusters.append({"members": cluster["members"],
-                                     "arrays": self.robust.combine([arrays[i] for i in members], w)})
+                                     "arrays": self.combine([replies[i] for i in members],
+                                                            [arrays[i] for i in members], w)})
         self.clusters = new_clusters
         # in metrics.jsonl: how many clusters, and per replying cluster what the criterion read
         self.round_stats["server"] = {"clusters": len(self.clusters), **norms}

@@ -26,4 +26,4 @@ class PFedMe(PersonalizedStrategy):
         if not self.current:
             return {}
         # apply_momentum(old, new, m) = m * old + (1 - m) * new, with m = 1 - beta.
-        return apply_momentum(self.current, self.robust.combine(arrays, weights), 1.0 - self.beta)
+        return apply_momentum(self.current, self.combine(replies, arrays, weights), 1.0 - self.beta)
