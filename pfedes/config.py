@@ -173,11 +173,13 @@ def validate(cfg: dict[str, Any]) -> None:
             need(value > low if key == "lr" else value >= low,
                  f"{name} must be {'>' if key == 'lr' else '>='} {low}, got {value}")
     from .compression import Codec
+    from .privacy import Privacy
     from .robust import Robustness
 
     try:
         Codec.from_cfg(cfg)
         Robustness.from_cfg(cfg)
+        Privacy.from_cfg(cfg)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     if cfg.get("logging", {}).get("tensorboard"):

@@ -91,6 +91,7 @@ class RunRecorder:
             "acc_mean_last5": float(np.mean([r["acc_mean"] for r in last])) if last else None,
             "acc_worst_last5": float(np.mean([r["acc_worst"] for r in last])) if last else None,
             "last5_rounds_averaged": len(last),  # fewer than 5 in a run of fewer rounds
+            "dp_epsilon": (self.rounds[-1].get("server_metrics") or {}).get("dp_epsilon") if self.rounds else None,
             "seconds_per_round": float(np.mean([r["seconds"] for r in self.rounds])) if self.rounds else None,
             "seconds_total": time.perf_counter() - self.t_start,
             "config": {**self.cfg, **{k: shown_path(self.cfg[k]) for k in ("out_dir", "client_state_dir")

@@ -24,6 +24,7 @@ from .data import DataError, classes_in_no_partition, load_split, load_unified_t
 from .grid import PromptGrid
 from .flower_log import quiet_flower
 from .models import resolve_architecture
+from .privacy import Privacy
 from .proxy_monitor import ProxyMonitor
 from .recording import RunRecorder
 from .strategies.base import experiment_json
@@ -64,6 +65,9 @@ def check_method_settings(cfg: dict[str, Any]) -> None:
     with the trainer's one-line message, before any client starts. The data settings that need
     the data's class count are checked here too."""
     trainer_cls = get_class(cfg["strategy"]["trainer"])
+    if Privacy.from_cfg(cfg).enabled and not get_class(cfg["strategy"]["server"]).supports_privacy:
+        raise ConfigError(f"privacy: strategy '{cfg['strategy']['name']}' shares per-class means, not arrays it "
+                          "averages; the DP mechanism does not apply to it (privacy.noise_multiplier=0)")
     num_classes = num_classes_of(load_split(cfg["data"]["path"], "train"))
     per_client = int(cfg["data"]["classes_per_client"])
     if cfg["data"]["partition"] == "pathological" and not 1 <= per_client <= num_classes:
@@ -100,7 +104,7 @@ def save_checkpoint(path: Path, server_round: int, arrays: ArrayRecord, strategy
                        "arrays": {k: v.numpy() for k, v in arrays.items()},
                        "strategy": strategy.state_dict(), "rounds": rounds,
                        "fingerprint": config_fingerprint(cfg), "run_token": cfg["run_token"],
-                       "config": cfg}, path)
+                       "config": cfg, "dp_releases": list(strategy.dp_releases)}, path)
 
 
 def checkpoint_config(checkpoint: dict[str, Any], path: Path, cfg: dict[str, Any]) -> dict[str, Any] | None:
@@ -153,6 +157,7 @@ def run_experiment(grid: Grid, cfg: dict[str, Any]) -> dict[str, Any]:
         done, previous_rounds = int(checkpoint["round"]), checkpoint["rounds"]
         initial = {k: torch.from_numpy(np.asarray(v)) for k, v in checkpoint["arrays"].items()}
         strategy.load_state_dict(checkpoint["strategy"])
+        strategy.dp_releases = list(checkpoint.get("dp_releases", []))  # the privacy spent so far
         strategy.round_offset = done
         log(INFO, "[pfedes] resuming after round %d from %s (shared digest %s)", done, checkpoint_path,
             state_digest(initial))

@@ -25,6 +25,7 @@ from flwr.serverapp.strategy import FedAvg
 
 from ..compression import Codec, EncodingError
 from ..config import ConfigError
+from ..privacy import Privacy, epsilon_after
 from ..robust import Robustness, update_norm
 
 WEIGHT_KEY = "num-examples"
@@ -99,6 +100,7 @@ class PersonalizedStrategy(FedAvg):
     """
 
     send_arrays_to_evaluate = False
+    supports_privacy = True  # the shared arrays go through `combine` (pfedes/privacy.py applies there)
 
     def __init__(self, cfg: dict[str, Any]) -> None:
         min_available = int(cfg.get("min_available_clients") or cfg["num_clients"])
@@ -123,6 +125,8 @@ class PersonalizedStrategy(FedAvg):
         self.cfg = cfg
         self.codec = Codec.from_cfg(cfg)
         self.robust = Robustness.from_cfg(cfg)
+        self.privacy = Privacy.from_cfg(cfg)
+        self.dp_releases: list[int] = []  # replies averaged in each private round (the accountant's input)
         self.server_momentum = float(cfg["strategy"].get("server_momentum", 0.0))
         if not 0.0 <= self.server_momentum < 1.0:
             raise ValueError(f"strategy.server_momentum {self.server_momentum} is outside [0, 1)")
@@ -213,6 +217,8 @@ class PersonalizedStrategy(FedAvg):
 
     def without_norm_outliers(self, server_round: int, replies: list[Message]) -> list[Message]:
         """Drop the replies whose update norm is an outlier of the round (aggregation.norm_threshold)."""
+        if self.privacy.enabled:  # which replies count must not depend on them beyond the clipping
+            return replies
         norms = [update_norm({k: a.numpy() for k, a in next(iter(m.content.array_records.values())).items()},
                              self.sent_to(m.metadata.src_node_id)) for m in replies]
         outliers, median = self.robust.norm_outliers(norms)
@@ -235,6 +241,10 @@ class PersonalizedStrategy(FedAvg):
         arrays = [{k: a.numpy() for k, a in next(iter(m.content.array_records.values())).items()}
                   for m in good]
         new = self.aggregate_arrays(server_round, good, arrays, weights)
+        if self.privacy.enabled and new:
+            self.dp_releases.append(len(good))
+            self.round_stats["server"] = {**self.round_stats.get("server", {}), "dp_epsilon": epsilon_after(
+                self.privacy.noise_multiplier, self.dp_releases, int(self.cfg["num_clients"]), self.privacy.delta)}
         return (ArrayRecord({k: Array(v) for k, v in new.items()}),
                 MetricRecord(self.round_stats["train"]))
 
@@ -249,6 +259,9 @@ class PersonalizedStrategy(FedAvg):
     def combine(self, replies: list[Message], arrays: list[dict[str, np.ndarray]],
                 weights: list[float]) -> dict[str, np.ndarray]:
         """The aggregation rule over these replies' arrays (two-tier when aggregation.groups is set)."""
+        if self.privacy.enabled:  # clipped updates, equal weights, then the mechanism's noise
+            clipped = [self.privacy.clip(a, self.sent_to(m.metadata.src_node_id)) for m, a in zip(replies, arrays)]
+            return self.privacy.add_noise(self.robust.combine(clipped, [1.0] * len(clipped)), len(clipped))
         groups = None
         if self.robust.groups != "none":
             infos = [m.content.config_records.get("info", ConfigRecord()) for m in replies]

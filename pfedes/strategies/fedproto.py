@@ -34,6 +34,8 @@ def class_reply_problem(msg: Message, num_classes: int, dim: int) -> str | None:
 class ClassPayloadStrategy(PersonalizedStrategy):
     """Aggregates per-class payloads of dimension `payload_dim` (subclasses say which)."""
 
+    supports_privacy = False  # per-class means, not the sent arrays: the DP mechanism does not apply
+
     def __init__(self, cfg: dict[str, Any]) -> None:
         super().__init__(cfg)
         self.num_classes = num_classes_of(load_split(cfg["data"]["path"], "train"))
