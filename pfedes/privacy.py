@@ -36,7 +36,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from flwr.supercore.differential_privacy import add_gaussian_noise_inplace, compute_clip_model_update, compute_stdv
+from flwr.supercore.differential_privacy import (add_gaussian_noise_inplace, compute_clip_model_update,
+                                                 compute_stdv, get_norm)
 
 MAX_NOISE_MULTIPLIER = 1000.0
 
@@ -115,7 +116,8 @@ class Privacy:
         sent = [np.asarray(arrays[k], np.float64) for k in keys]
         refs = [np.asarray(reference[k], np.float64) if k in reference and np.shape(reference[k]) == np.shape(arrays[k])
                 else np.zeros(np.shape(arrays[k])) for k in keys]
-        compute_clip_model_update(sent, refs, self.clipping_norm)
+        if get_norm([a - r for a, r in zip(sent, refs)]) > 0:  # Flower's clip divides by the norm
+            compute_clip_model_update(sent, refs, self.clipping_norm)
         return {**arrays, **{k: v.astype(np.asarray(arrays[k]).dtype) for k, v in zip(keys, sent)}}
 
     def add_noise(self, mean: dict[str, np.ndarray], count: int) -> dict[str, np.ndarray]:

@@ -22,6 +22,8 @@ def test_clipping_bounds_the_update_norm_and_leaves_small_updates_and_counters()
     assert big["n"] == 9 and big["w"].dtype == np.float32
     small = privacy.clip({"w": np.full(4, 0.5, np.float32)}, REF)  # norm 1 < 2: unchanged
     np.testing.assert_allclose(small["w"], 0.5)
+    unchanged = privacy.clip({"w": REF["w"].copy()}, REF)  # a client still warming up: norm 0
+    np.testing.assert_array_equal(unchanged["w"], REF["w"])
 
 
 def test_the_noise_has_the_configured_scale():
