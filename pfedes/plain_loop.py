@@ -17,7 +17,8 @@ from .config import for_device
 from .data import load_split, num_classes_of
 from .models import resolve_architecture
 from .robust import weighted_average
-from .strategies.base import PersonalizedStrategy, apply_momentum
+from .strategies.base import PersonalizedStrategy
+from .strategies.momentum import ServerMomentum, apply_momentum
 
 
 def run_plain(cfg: dict[str, Any], threads: int | None = None, progress: bool = False) -> dict[str, Any]:
@@ -25,7 +26,7 @@ def run_plain(cfg: dict[str, Any], threads: int | None = None, progress: bool = 
     arrays and one record per round (acc_mean, acc_worst, seconds). `progress`: print one line
     per round."""
     strategy_cls = get_class(cfg["strategy"]["server"])
-    if strategy_cls.aggregate_arrays is not PersonalizedStrategy.aggregate_arrays:
+    if strategy_cls.aggregate_arrays not in (PersonalizedStrategy.aggregate_arrays, ServerMomentum.aggregate_arrays):
         raise ValueError(f"the plain loop runs methods with the base aggregation, not {strategy_cls.__name__}")
     if float(cfg["fraction_train"]) != 1.0:
         raise ValueError("the plain loop samples every client: set fraction_train=1.0")

@@ -139,3 +139,13 @@ def test_the_round_evaluation_does_not_depend_on_reply_order():
     s, t = PFedES(make_cfg("num_clients=3")), PFedES(make_cfg("num_clients=3"))
     assert s.aggregate_evaluate(1, replies)["acc_mean"] == t.aggregate_evaluate(1, replies[::-1])["acc_mean"]
     assert [r["partition"] for r in s.round_stats["eval"]] == [r["partition"] for r in t.round_stats["eval"]] == [0, 1, 2]
+
+
+def test_server_momentum_is_a_piece_pfedes_composes_not_the_base_of_every_strategy():
+    from pfedes.strategies import PersonalizedStrategy, ServerMomentum
+    from pfedes.strategies.fedavg import FedAvg
+
+    assert issubclass(PFedES, ServerMomentum) and not issubclass(FedAvg, ServerMomentum)
+    assert not hasattr(PersonalizedStrategy(make_cfg("strategy=fedavg")), "server_momentum")
+    with pytest.raises(ValueError, match=r"strategy.server_momentum 1.5 is outside \[0, 1\)"):
+        strategy(1.5)

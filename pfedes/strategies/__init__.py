@@ -1,6 +1,7 @@
 """Server strategies (extending flwr.serverapp.strategy.FedAvg): what is aggregated and how."""
 
 from ..robust import weighted_average
-from .base import PersonalizedStrategy, apply_momentum, reply_problem
+from .base import PersonalizedStrategy, reply_problem
+from .momentum import ServerMomentum, apply_momentum
 
-__all__ = ["PersonalizedStrategy", "apply_momentum", "reply_problem", "weighted_average"]
+__all__ = ["PersonalizedStrategy", "ServerMomentum", "apply_momentum", "reply_problem", "weighted_average"]

@@ -4,8 +4,8 @@
   one (missing or extra keys, shape, dtype, NaN/Inf, weight); a bad reply is dropped with a
   warning naming the node and the reason, and the round goes on;
 - a reply whose update norm is an outlier of the round is dropped, and the rest are combined by
-  the aggregation rule (pfedes/robust.py; default the weighted average), then server momentum
-  (new = beta * old + (1 - beta) * aggregate; beta = 0 is the aggregate itself);
+  the aggregation rule (pfedes/robust.py; default the weighted average); strategies with server
+  momentum compose strategies/momentum.py over it;
 - per-round statistics (per-client accuracy by device, bytes sent and received) for the run log.
 """
 
@@ -78,14 +78,6 @@ def reply_order(msg: Message) -> tuple[int, int]:
     return partition, msg.metadata.src_node_id
 
 
-def apply_momentum(old: dict[str, np.ndarray], new: dict[str, np.ndarray], beta: float) -> dict[str, np.ndarray]:
-    """beta * old + (1 - beta) * new for floating entries; integer entries (counters) take new."""
-    if beta == 0.0:
-        return new
-    return {k: ((beta * old[k].astype(np.float64) + (1.0 - beta) * v.astype(np.float64)).astype(v.dtype)
-                if v.dtype.kind == "f" else v) for k, v in new.items()}
-
-
 def weighted_metrics(records: list[dict[str, float]], weights: list[float]) -> dict[str, float]:
     keys = set.intersection(*(set(r) for r in records)) - {WEIGHT_KEY}
     total = float(sum(weights))
@@ -95,7 +87,7 @@ def weighted_metrics(records: list[dict[str, float]], weights: list[float]) -> d
 class PersonalizedStrategy(FedAvg):
     """FedAvg's sampling and messages; validated aggregation with server momentum; round stats.
 
-    Subclasses say what differs: `server_momentum`, whether evaluation needs the shared arrays
+    Subclasses say what differs: server momentum (`momentum.ServerMomentum`), whether evaluation needs the shared arrays
     (`send_arrays_to_evaluate`), and, where a method needs it, `aggregate_arrays`.
     """
 
@@ -127,9 +119,6 @@ class PersonalizedStrategy(FedAvg):
         self.robust = Robustness.from_cfg(cfg)
         self.privacy = Privacy.from_cfg(cfg)
         self.dp_releases: list[int] = []  # replies averaged in each private round (the accountant's input)
-        self.server_momentum = float(cfg["strategy"].get("server_momentum", 0.0))
-        if not 0.0 <= self.server_momentum < 1.0:
-            raise ValueError(f"strategy.server_momentum {self.server_momentum} is outside [0, 1)")
         self.current: dict[str, np.ndarray] = {}
         self.round_offset = 0  # rounds already done before a resumed run
         self.round_stats: dict[str, Any] = {}
@@ -250,11 +239,11 @@ class PersonalizedStrategy(FedAvg):
 
     def aggregate_arrays(self, server_round: int, replies: list[Message],
                          arrays: list[dict[str, np.ndarray]], weights: list[float]) -> dict[str, np.ndarray]:
-        """The accepted replies combined by the aggregation rule (default: the weighted average),
-        then server momentum."""
+        """The accepted replies combined by the aggregation rule (default: the weighted average);
+        a strategy with server momentum composes `momentum.ServerMomentum` over it."""
         if not self.current:
             return {}
-        return apply_momentum(self.current, self.combine(replies, arrays, weights), self.server_momentum)
+        return self.combine(replies, arrays, weights)
 
     def combine(self, replies: list[Message], arrays: list[dict[str, np.ndarray]],
                 weights: list[float]) -> dict[str, np.ndarray]:

@@ -9,7 +9,8 @@ from __future__ import annotations
 import numpy as np
 from flwr.app import Message
 
-from .base import PersonalizedStrategy, apply_momentum
+from .base import PersonalizedStrategy
+from .momentum import apply_momentum
 
 
 class PFedMe(PersonalizedStrategy):
