@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from .data import batches
+from .validation import arrays_problem
 
 COUNTS_KEY = "counts"
 CLASS_PREFIX = "class."
@@ -55,21 +56,7 @@ def payload_problem(arrays: Mapping[str, np.ndarray], num_classes: int, dim: int
     problem = counts_problem(arrays, num_classes)
     if problem:
         return problem
-    expected = expected_payload(arrays[COUNTS_KEY], dim)
-    if set(arrays) != set(expected):
-        missing, extra = sorted(set(expected) - set(arrays)), sorted(set(arrays) - set(expected))
-        return f"keys do not match the counts (missing {missing[:3]}, extra {extra[:3]})"
-    for key, ref in expected.items():
-        if key == COUNTS_KEY:
-            continue
-        value = arrays[key]
-        if value.shape != ref.shape:
-            return f"'{key}' has shape {value.shape}, expected {ref.shape}"
-        if value.dtype != ref.dtype:
-            return f"'{key}' has dtype {value.dtype}, expected {ref.dtype}"
-        if not np.isfinite(value).all():
-            return f"'{key}' holds NaN or Inf"
-    return None
+    return arrays_problem(arrays, expected_payload(arrays[COUNTS_KEY], dim))
 
 
 def decode(arrays: Mapping[str, np.ndarray]) -> tuple[dict[int, np.ndarray], np.ndarray]:

@@ -27,6 +27,7 @@ from ..compression import Codec, EncodingError
 from ..config import ConfigError
 from ..privacy import Privacy, epsilon_after
 from ..robust import Robustness, update_norm
+from ..validation import arrays_problem
 
 WEIGHT_KEY = "num-examples"
 METRICS_KEY = "metrics"  # the MetricRecord of a train or evaluate reply
@@ -54,21 +55,7 @@ def reply_problem(msg: Message, expected: dict[str, np.ndarray]) -> str | None:
     if not isinstance(weight, (int, float)) or not math.isfinite(weight) or weight <= 0:
         return f"'{WEIGHT_KEY}' is {weight!r}, not a positive number"
     arrays = next(iter(content.array_records.values()))
-    keys = set(arrays.keys())
-    if keys != set(expected):
-        missing, extra = sorted(set(expected) - keys), sorted(keys - set(expected))
-        return f"keys differ from the shared model (missing {missing[:3]}, extra {extra[:3]})"
-    for key, ref in expected.items():
-        arr = arrays[key]
-        if tuple(arr.shape) != ref.shape:
-            return f"'{key}' has shape {tuple(arr.shape)}, expected {ref.shape}"
-        if arr.dtype != str(ref.dtype):
-            return f"'{key}' has dtype {arr.dtype}, expected {ref.dtype}"
-    for key in expected:
-        value = arrays[key].numpy()
-        if value.dtype.kind == "f" and not np.isfinite(value).all():
-            return f"'{key}' holds NaN or Inf"
-    return None
+    return arrays_problem({k: a.numpy() for k, a in arrays.items()}, expected)
 
 
 def reply_order(msg: Message) -> tuple[int, int]:

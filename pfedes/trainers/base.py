@@ -13,6 +13,7 @@ from torch.nn import functional as F
 from ..data import ClientData, batches
 from ..filters import shared_keys
 from ..models import build_client_model
+from ..validation import arrays_problem
 
 
 class SharedStateError(ValueError):
@@ -93,17 +94,10 @@ class Trainer:
 
     def load_shared(self, arrays: dict[str, torch.Tensor]) -> None:
         """Load the server's shared entries; a mismatch raises SharedStateError naming it."""
-        expected = set(self._shared_keys)
-        got = set(arrays)
-        if got != expected:
-            missing, extra = sorted(expected - got)[:3], sorted(got - expected)[:3]
-            raise SharedStateError(f"server arrays do not match this client's shared entries "
-                                   f"(missing {missing}, unexpected {extra})")
         own = self.exchange.state_dict()
-        for k, v in arrays.items():
-            if tuple(v.shape) != tuple(own[k].shape):
-                raise SharedStateError(f"server array '{k}' has shape {tuple(v.shape)}, "
-                                       f"this client's has {tuple(own[k].shape)}")
+        problem = arrays_problem(arrays, {k: own[k] for k in self._shared_keys}, dtypes=False, finite=False)
+        if problem:
+            raise SharedStateError(f"server arrays do not fit this client's shared entries: {problem}")
         self.exchange.load_state_dict(arrays, strict=False)
 
     # -- one round -------------------------------------------------------------------------
