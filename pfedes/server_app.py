@@ -37,15 +37,28 @@ RESUME_FREE_KEYS = ("num_rounds", "resume", "run_token", "logging")
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
+    """`flwr run`'s ServerApp: the experiment from Flower's run config, then `serve`."""
     try:
         cfg = experiment_config(overrides_from_run_config(dict(context.run_config)))
+    except ConfigError as exc:
+        log(ERROR, "pfedes ServerApp: %s", exc)
+        raise
+    serve(grid, cfg)
+
+
+def serve(grid: Grid, cfg: dict[str, Any]) -> dict[str, Any]:
+    """What every pfedes ServerApp does, `flwr run`'s and pfedes-sim's: check the method's
+    settings, run the experiment on the grid (replies collected promptly, Flower's notices kept
+    off the console), return its summary. A bad setting is one ERROR line, then raised (Flower
+    marks the run failed)."""
+    try:
         check_method_settings(cfg)
         if not Path(cfg["out_dir"]).expanduser().is_absolute():  # the SuperLink's directory, not the user's
             log(WARNING, "[pfedes] out_dir '%s' is relative: results go to %s (the ServerApp's working "
                 "directory); pass an absolute out_dir to choose", cfg["out_dir"], prepare(cfg)["out_dir"])
         with quiet_flower():
-            run_experiment(PromptGrid(grid), cfg)
-    except (ConfigError, DataError) as exc:  # the one line first; Flower then marks the run failed
+            return run_experiment(PromptGrid(grid), cfg)
+    except (ConfigError, DataError) as exc:
         log(ERROR, "pfedes ServerApp: %s", exc)
         raise
 

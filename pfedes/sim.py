@@ -25,10 +25,9 @@ def simulate(cfg: dict[str, Any], client_app=None) -> dict[str, Any]:
     from flwr.simulation import run_simulation
 
     from .client_app import app as pfedes_client_app
+    from .server_app import check_method_settings, prepare, serve
 
     client_app = client_app or pfedes_client_app
-    from .server_app import check_method_settings, prepare, run_experiment
-
     validate(cfg)
     resolve_data_dir(cfg["data"]["path"])  # fail fast, with one line, before Ray starts
     check_method_settings(cfg)
@@ -37,8 +36,8 @@ def simulate(cfg: dict[str, Any], client_app=None) -> dict[str, Any]:
     server_app = ServerApp()
 
     @server_app.main()
-    def _main(grid, context):  # noqa: ANN001
-        result.update(run_experiment(grid, cfg))
+    def _main(grid, context):  # noqa: ANN001  the hydra config instead of Flower's run config
+        result.update(serve(grid, cfg))
 
     sim = cfg["simulation"]
     cpus = int(sim["num_cpus_per_client"]) or (os.cpu_count() or 1)
