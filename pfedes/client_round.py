@@ -37,6 +37,8 @@ def train_round(trainer, arrays: dict[str, torch.Tensor], data: ClientData, cfg:
                                               + server_round)
     metrics = trainer.fit(data, generator)
     metrics["num-examples"] = data.num_train
+    if (cfg.get("aggregation") or {}).get("weighting") == "val_score":  # what the server weighs this reply by
+        metrics["val_score"] = trainer.accuracy(data.x_val, data.y_val, trainer.predict)["accuracy"]
     return trainer.shared_state(), metrics
 
 

@@ -13,6 +13,10 @@ the server combines them before its server momentum.
   - `krum` / `multikrum`: the replies Flower's `multikrum.select_multikrum` picks, tolerating
     `num_malicious` attackers (one reply for krum; n - f for multikrum), then their weighted average.
   The robust rules are unweighted, as Flower's are. Integer entries (counters) are rounded back.
+- Contribution weighting (`weighting`): `samples` (the default) or `val_score`, a softmax over
+  the validation accuracy each client reports with its train reply (its personal model on its
+  validation split after training; untrusted: a missing or non-finite score drops the reply, a
+  score outside [0, 1] is clipped) at `temperature`.
 - Two-tier aggregation (`groups`: `device` or `arch`): the rule inside each group of replies
   first, then the groups' results averaged with `group_weighting` `equal` (a few GPU hosts weigh
   as much as many phones) or `samples` (with the mean rule, the same as no groups).
@@ -39,6 +43,8 @@ from flwr.serverapp.strategy.multikrum import select_multikrum
 RULES = ("mean", "trimmed_mean", "median", "krum", "multikrum")
 GROUPS = ("none", "device", "arch")  # two-tier aggregation: by device profile, or by architecture
 GROUP_WEIGHTING = ("equal", "samples")
+WEIGHTINGS = ("samples", "val_score")  # what each reply weighs in the mean: its samples, or softmax(score / T)
+SCORE_KEY = "val_score"  # the train reply's metric behind `val_score` weighting (untrusted: clipped to [0, 1])
 MIN_REPLIES_FOR_NORM_CHECK = 3
 
 
@@ -50,6 +56,8 @@ class Robustness:
     norm_threshold: float = 10.0
     groups: str = "none"
     group_weighting: str = "equal"
+    weighting: str = "samples"
+    temperature: float = 0.1
 
     @classmethod
     def from_cfg(cls, cfg: Mapping[str, Any]) -> Robustness:
@@ -73,7 +81,25 @@ class Robustness:
         if group_weighting not in GROUP_WEIGHTING:
             raise ValueError(f"aggregation.group_weighting '{group_weighting}' is unknown: expected one of "
                              f"{list(GROUP_WEIGHTING)}")
-        return cls(rule, trim, malicious, threshold, groups, group_weighting)
+        weighting = str(a.get("weighting", "samples"))
+        if weighting not in WEIGHTINGS:
+            raise ValueError(f"aggregation.weighting '{weighting}' is unknown: expected one of {list(WEIGHTINGS)}")
+        temperature = float(a.get("temperature", 0.1))
+        if not (math.isfinite(temperature) and temperature > 0):
+            raise ValueError(f"aggregation.temperature must be > 0, got {a.get('temperature')}")
+        if weighting == "val_score" and not float((cfg.get("data") or {}).get("val_fraction", 0.0)) > 0:
+            raise ValueError("aggregation.weighting=val_score needs a validation split: set data.val_fraction > 0")
+        return cls(rule, trim, malicious, threshold, groups, group_weighting, weighting, temperature)
+
+    # -- what each reply weighs ---------------------------------------------------------------
+    def reply_weights(self, metrics: list[Mapping[str, Any]], samples: list[float]) -> list[float]:
+        """The weights of the accepted replies in the mean: their samples, or (`val_score`) a
+        softmax over their reported validation scores, clipped to [0, 1], at `temperature`."""
+        if self.weighting == "samples":
+            return samples
+        scores = np.clip([float(m[SCORE_KEY]) for m in metrics], 0.0, 1.0) / self.temperature
+        weights = np.exp(scores - scores.max())
+        return list(weights / weights.sum())
 
     # -- which replies count --------------------------------------------------------------
     def norm_outliers(self, norms: list[float]) -> tuple[list[int], float]:

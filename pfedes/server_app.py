@@ -25,6 +25,7 @@ from .grid import PromptGrid
 from .flower_log import quiet_flower
 from .models import resolve_architecture
 from .privacy import Privacy
+from .robust import Robustness
 from .proxy_monitor import ProxyMonitor
 from .recording import RunRecorder
 from .strategies.base import experiment_json
@@ -78,9 +79,14 @@ def check_method_settings(cfg: dict[str, Any]) -> None:
     with the trainer's one-line message, before any client starts. The data settings that need
     the data's class count are checked here too."""
     trainer_cls = get_class(cfg["strategy"]["trainer"])
-    if Privacy.from_cfg(cfg).enabled and not get_class(cfg["strategy"]["server"]).supports_privacy:
-        raise ConfigError(f"privacy: strategy '{cfg['strategy']['name']}' shares per-class means, not arrays it "
-                          "averages; the DP mechanism does not apply to it (privacy.noise_multiplier=0)")
+    if not get_class(cfg["strategy"]["server"]).averages_arrays:
+        name = cfg["strategy"]["name"]
+        if Privacy.from_cfg(cfg).enabled:
+            raise ConfigError(f"privacy: strategy '{name}' shares per-class means, not arrays it averages; "
+                              "the DP mechanism does not apply to it (privacy.noise_multiplier=0)")
+        if Robustness.from_cfg(cfg).weighting != "samples":
+            raise ConfigError(f"aggregation.weighting: strategy '{name}' averages per class by sample counts; "
+                              "only aggregation.weighting=samples applies to it")
     num_classes = num_classes_of(load_split(cfg["data"]["path"], "train"))
     per_client = int(cfg["data"]["classes_per_client"])
     if cfg["data"]["partition"] == "pathological" and not 1 <= per_client <= num_classes:

@@ -94,6 +94,8 @@ def test_the_mean_rule_is_the_sample_weighted_average():
     ("aggregation.norm_threshold=0.5", r"aggregation.norm_threshold must be 0 \(off\) or > 1, got 0.5"),
     ("aggregation.groups=region", "aggregation.groups 'region' is unknown"),
     ("aggregation.group_weighting=loss", "aggregation.group_weighting 'loss' is unknown"),
+    ("aggregation.weighting=loss", "aggregation.weighting 'loss' is unknown"),
+    ("aggregation.temperature=0", "aggregation.temperature must be > 0, got 0"),
 ])
 def test_a_bad_aggregation_setting_is_one_line(override, message):
     with pytest.raises(ConfigError, match=message):
@@ -144,3 +146,45 @@ def test_two_tier_applies_the_robust_rule_inside_each_group():
     robust = Robustness(rule="median", groups="device")
     combined = robust.combine(arrays, [1, 1, 1, 1], ["phone", "phone", "phone", "gateway"])
     np.testing.assert_allclose(combined["w"], (1.2 + 3.0) / 2)  # the phones' median, then the groups' mean
+
+
+def scored(node, value, score, n=1):
+    return train_reply(node, client(value), n, train_loss=1.0, val_score=score)
+
+
+def test_val_score_weighting_is_a_softmax_over_the_clipped_scores():
+    s = strategy("data.val_fraction=0.15", "aggregation.weighting=val_score", "aggregation.temperature=0.5",
+                 "aggregation.norm_threshold=0")
+    arrays, _ = s.aggregate_train(1, [scored(1, 0.0, 0.2, n=100), scored(2, 1.0, 0.7), scored(3, 2.0, 5.0)])
+    w = np.exp(np.array([0.2, 0.7, 1.0]) / 0.5)  # 5.0 is clipped to 1.0; samples do not count
+    np.testing.assert_allclose(arrays["w"].numpy(), (w @ [0.0, 1.0, 2.0]) / w.sum(), rtol=1e-6)
+
+
+def test_a_missing_or_non_finite_score_drops_the_reply(caplog):
+    s = strategy("data.val_fraction=0.15", "aggregation.weighting=val_score", "aggregation.norm_threshold=0")
+    with caplog.at_level(logging.WARNING):
+        arrays, _ = s.aggregate_train(1, [scored(1, 1.0, 0.5), scored(2, 9.0, float("nan")),
+                                          train_reply(3, client(9.0), 1, train_loss=1.0)])
+    np.testing.assert_allclose(arrays["w"].numpy(), 1.0)
+    assert "node 2: 'val_score' is nan" in caplog.text and "node 3: 'val_score' is None" in caplog.text
+
+
+def test_val_score_weighting_needs_a_validation_split_and_an_array_averaging_method():
+    from pfedes.server_app import check_method_settings
+
+    with pytest.raises(ConfigError, match="aggregation.weighting=val_score needs a validation split"):
+        experiment_config(["aggregation.weighting=val_score"])
+    with pytest.raises(ConfigError, match="strategy 'fedproto' averages per class"):
+        check_method_settings(make_cfg("strategy=fedproto", "data.val_fraction=0.15", "aggregation.weighting=val_score"))
+
+
+def test_a_client_reports_its_validation_score_when_the_server_weighs_by_it():
+    from pfedes.client_round import build_trainer, train_round
+    from pfedes.data import load_client_data
+
+    cfg = make_cfg("strategy=local", "data.val_fraction=0.15", "aggregation.weighting=val_score")
+    data = load_client_data("embedded", "pathological", 3, 0, 0, 2, 0.3, 120, 0.2, val_fraction=0.15)
+    _, metrics = train_round(build_trainer(cfg, "cnn3", 10, 0), {}, data, cfg, 0, 1)
+    assert 0.0 <= metrics["val_score"] <= 1.0
+    assert "val_score" not in train_round(build_trainer(make_cfg("strategy=local"), "cnn3", 10, 0), {}, data,
+                                          make_cfg("strategy=local"), 0, 1)[1]

@@ -26,7 +26,7 @@ from flwr.serverapp.strategy import FedAvg
 from ..compression import Codec, EncodingError
 from ..config import ConfigError
 from ..privacy import Privacy, epsilon_after
-from ..robust import Robustness, update_norm
+from ..robust import SCORE_KEY, Robustness, update_norm
 from ..validation import arrays_problem
 
 WEIGHT_KEY = "num-examples"
@@ -79,7 +79,7 @@ class PersonalizedStrategy(FedAvg):
     """
 
     send_arrays_to_evaluate = False
-    supports_privacy = True  # the shared arrays go through `combine` (pfedes/privacy.py applies there)
+    averages_arrays = True  # the shared arrays go through `combine` (weighting, robust rules, privacy)
 
     def __init__(self, cfg: dict[str, Any]) -> None:
         min_available = int(cfg.get("min_available_clients") or cfg["num_clients"])
@@ -163,7 +163,16 @@ class PersonalizedStrategy(FedAvg):
     def reply_problem(self, msg: Message) -> str | None:
         """Why a train reply cannot be aggregated (None if it can); methods whose replies are
         not the shared entries override this."""
-        return reply_problem(msg, self.current)
+        return reply_problem(msg, self.current) or self.score_problem(msg)
+
+    def score_problem(self, msg: Message) -> str | None:
+        """With val_score weighting: why the reply's reported score is unusable, or None."""
+        if self.robust.weighting != "val_score" or msg.has_error():
+            return None
+        score = msg.content.metric_records[METRICS_KEY].get(SCORE_KEY)
+        if isinstance(score, bool) or not isinstance(score, (int, float)) or not math.isfinite(score):
+            return f"'{SCORE_KEY}' is {score!r}, not a finite number (aggregation.weighting=val_score)"
+        return None
 
     def accepted_replies(self, server_round: int, replies: Iterable[Message]) -> list[Message]:
         """Count the bytes received, drop bad replies with a warning naming the node and the
@@ -212,8 +221,9 @@ class PersonalizedStrategy(FedAvg):
         if not good:
             return None, None
         metrics = [dict(m.content.metric_records[METRICS_KEY]) for m in good]
-        weights = [float(m[WEIGHT_KEY]) for m in metrics]
-        self.round_stats["train"] = weighted_metrics(metrics, weights)
+        samples = [float(m[WEIGHT_KEY]) for m in metrics]
+        self.round_stats["train"] = weighted_metrics(metrics, samples)
+        weights = self.robust.reply_weights(metrics, samples)
         arrays = [{k: a.numpy() for k, a in next(iter(m.content.array_records.values())).items()}
                   for m in good]
         new = self.aggregate_arrays(server_round, good, arrays, weights)

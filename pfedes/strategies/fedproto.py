@@ -34,7 +34,7 @@ def class_reply_problem(msg: Message, num_classes: int, dim: int) -> str | None:
 class ClassPayloadStrategy(PersonalizedStrategy):
     """Aggregates per-class payloads of dimension `payload_dim` (subclasses say which)."""
 
-    supports_privacy = False  # per-class means, not the sent arrays: the DP mechanism does not apply
+    averages_arrays = False  # per-class means weighted by counts: no rule, weighting or DP of combine
 
     def __init__(self, cfg: dict[str, Any]) -> None:
         super().__init__(cfg)
