@@ -72,10 +72,11 @@ def weighted_metrics(records: list[dict[str, float]], weights: list[float]) -> d
 
 
 class PersonalizedStrategy(FedAvg):
-    """FedAvg's sampling and messages; validated aggregation with server momentum; round stats.
+    """FedAvg's sampling and messages; decoded, validated, robust aggregation; round stats.
 
-    Subclasses say what differs: server momentum (`momentum.ServerMomentum`), whether evaluation needs the shared arrays
-    (`send_arrays_to_evaluate`), and, where a method needs it, `aggregate_arrays`.
+    Subclasses say what differs: server momentum (composing `momentum.ServerMomentum`), whether
+    evaluation needs the shared arrays (`send_arrays_to_evaluate`), and, where a method needs it,
+    `aggregate_arrays`.
     """
 
     send_arrays_to_evaluate = False
