@@ -175,11 +175,13 @@ def validate(cfg: dict[str, Any]) -> None:
     from .compression import Codec
     from .privacy import Privacy
     from .robust import Robustness
+    from .selection import Selection
 
     try:
         Codec.from_cfg(cfg)
         Robustness.from_cfg(cfg)
         Privacy.from_cfg(cfg)
+        Selection.from_cfg(cfg)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     if cfg.get("logging", {}).get("tensorboard"):

@@ -123,7 +123,7 @@ def save_checkpoint(path: Path, server_round: int, arrays: ArrayRecord, strategy
                        "arrays": {k: v.numpy() for k, v in arrays.items()},
                        "strategy": strategy.state_dict(), "rounds": rounds,
                        "fingerprint": config_fingerprint(cfg), "run_token": cfg["run_token"],
-                       "config": cfg, "dp_releases": list(strategy.dp_releases)}, path)
+                       "config": cfg, "common": strategy.common_state_dict()}, path)
 
 
 def checkpoint_config(checkpoint: dict[str, Any], path: Path, cfg: dict[str, Any]) -> dict[str, Any] | None:
@@ -176,7 +176,7 @@ def run_experiment(grid: Grid, cfg: dict[str, Any]) -> dict[str, Any]:
         done, previous_rounds = int(checkpoint["round"]), checkpoint["rounds"]
         initial = {k: torch.from_numpy(np.asarray(v)) for k, v in checkpoint["arrays"].items()}
         strategy.load_state_dict(checkpoint["strategy"])
-        strategy.dp_releases = list(checkpoint.get("dp_releases", []))  # the privacy spent so far
+        strategy.load_common_state_dict(checkpoint.get("common", {}))  # privacy spent, selection's memory
         strategy.round_offset = done
         log(INFO, "[pfedes] resuming after round %d from %s (shared digest %s)", done, checkpoint_path,
             state_digest(initial))

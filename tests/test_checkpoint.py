@@ -39,12 +39,13 @@ def test_a_new_checkpoint_carries_its_configuration(tmp_path):
     from pfedes.server_app import save_checkpoint
 
     class NoState:
-        dp_releases = [3]
-
         def state_dict(self):
             return {}
+
+        def common_state_dict(self):
+            return {"dp_releases": [3]}
 
     cfg = dict(prepare(make_cfg(f"out_dir={tmp_path}")), run_token="t")
     save_checkpoint(tmp_path / "ckpt.pt", 1, ArrayRecord(), NoState(), [], cfg)
     checkpoint = load_checkpoint(tmp_path / "ckpt.pt", cfg)
-    assert checkpoint["config"] == cfg and checkpoint["dp_releases"] == [3]  # and the privacy spent
+    assert checkpoint["config"] == cfg and checkpoint["common"] == {"dp_releases": [3]}  # and the privacy spent

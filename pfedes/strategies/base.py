@@ -13,20 +13,23 @@ from __future__ import annotations
 
 import json
 import math
+import random
 from collections.abc import Iterable
 from logging import INFO, WARNING
 from typing import Any
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
+from flwr.serverapp.strategy.strategy_utils import sample_nodes
 
 from ..compression import Codec, EncodingError
 from ..config import ConfigError
 from ..privacy import Privacy, epsilon_after
 from ..robust import SCORE_KEY, Robustness, update_norm
+from ..selection import ClientHistory, Selection, power_of_choice
 from ..validation import arrays_problem
 
 WEIGHT_KEY = "num-examples"
@@ -107,6 +110,9 @@ class PersonalizedStrategy(FedAvg):
         self.robust = Robustness.from_cfg(cfg)
         self.privacy = Privacy.from_cfg(cfg)
         self.dp_releases: list[int] = []  # replies averaged in each private round (the accountant's input)
+        self.selection = Selection.from_cfg(cfg)
+        self.history = ClientHistory()
+        self.selection_rng = random.Random(int(cfg.get("seed", 0)))
         self.current: dict[str, np.ndarray] = {}
         self.round_offset = 0  # rounds already done before a resumed run
         self.round_stats: dict[str, Any] = {}
@@ -117,6 +123,17 @@ class PersonalizedStrategy(FedAvg):
         return server_round + self.round_offset
 
     # -- server-side state that a checkpoint must hold besides the shared arrays ----------
+    def common_state_dict(self) -> dict[str, Any]:
+        """What every strategy keeps across rounds: the privacy spent, what selection knows."""
+        return {"dp_releases": list(self.dp_releases), "history": self.history.state_dict(),
+                "selection_rng": self.selection_rng.getstate()}
+
+    def load_common_state_dict(self, state: dict[str, Any]) -> None:
+        self.dp_releases = list(state.get("dp_releases", []))
+        self.history.load_state_dict(state.get("history", {}))
+        if "selection_rng" in state:
+            self.selection_rng.setstate(state["selection_rng"])
+
     def state_dict(self) -> dict[str, Any]:
         """Extra server state of the method (per-cluster models, a global head, ...)."""
         return {}
@@ -139,9 +156,23 @@ class PersonalizedStrategy(FedAvg):
                         grid: Grid) -> Iterable[Message]:
         server_round = self.absolute_round(server_round)
         self.current = {k: v.numpy() for k, v in arrays.items()}
-        messages = list(super().configure_train(server_round, arrays, config, grid))
+        if self.selection.mode == "uniform" or self.fraction_train >= 1.0:
+            messages = list(super().configure_train(server_round, arrays, config, grid))
+        else:  # FedAvg's messages, to the nodes our selection picks
+            nodes = self.select_nodes(grid)
+            config["server-round"] = server_round
+            record = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: config})
+            messages = list(self._construct_messages(record, nodes, MessageType.TRAIN))
+            log(INFO, "configure_train: selected %d nodes by %s", len(nodes), self.selection.mode)
         self.round_stats["bytes_down"] += arrays_nbytes(arrays) * len(messages)
         return messages
+
+    def select_nodes(self, grid: Grid) -> list[int]:
+        """The round's nodes under selection.mode (after Flower's wait for enough connected nodes)."""
+        connected = list(grid.get_node_ids())
+        count = max(int(len(connected) * self.fraction_train), self.min_train_nodes)
+        _, connected = sample_nodes(grid, self.min_available_nodes, count)
+        return power_of_choice(list(connected), count, self.selection.candidates, self.history, self.selection_rng)
 
     def sent_to(self, node_id: int) -> dict[str, np.ndarray]:
         """The arrays this round's train message carried to `node_id` (one model for all here)."""
@@ -195,6 +226,10 @@ class PersonalizedStrategy(FedAvg):
                 continue
             good.append(msg)
         good = self.without_norm_outliers(server_round, good)
+        for msg in good:  # what selection remembers of a node (its loss is clipped there)
+            info = msg.content.config_records.get("info", ConfigRecord())
+            self.history.remember(msg.metadata.src_node_id, msg.content.metric_records[METRICS_KEY].get("train_loss"),
+                                  info.get("device"))
         good.sort(key=reply_order)
         self.round_stats["clients_trained"] = len(good)
         if not good:
