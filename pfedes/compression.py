@@ -30,6 +30,8 @@ from typing import Any
 
 import numpy as np
 
+from .settings import Section
+
 SEP = "|"
 QUANTIZE = ("none", "fp16", "int8", "int8_channel")
 VALUE_DTYPE = {"none": np.float32, "fp16": np.float16, "int8": np.uint8, "int8_channel": np.uint8}
@@ -54,15 +56,9 @@ class Codec:
     @classmethod
     def from_cfg(cls, cfg: Mapping[str, Any]) -> Codec:
         """The run's codec; a bad setting raises ValueError naming it."""
-        c = dict(cfg.get("compression") or {})
-        quantize = str(c.get("quantize", "none"))
-        if quantize not in QUANTIZE:
-            raise ValueError(f"compression.quantize '{quantize}' is unknown: expected one of {list(QUANTIZE)} "
-                             f"(8-bit or 16-bit)")
-        topk = float(c.get("topk", 1.0))
-        if not (math.isfinite(topk) and 0.0 < topk <= 1.0):
-            raise ValueError(f"compression.topk must be in (0, 1], got {c.get('topk')}")
-        return cls(quantize, topk, bool(c.get("delta", False)), bool(c.get("error_feedback", True)))
+        c = Section(cfg, "compression")
+        return cls(c.choice("quantize", "none", QUANTIZE), c.number("topk", 1.0, "in (0, 1]", lambda v: 0 < v <= 1),
+                   c.flag("delta", False), c.flag("error_feedback", True))
 
     @property
     def active(self) -> bool:

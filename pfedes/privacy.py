@@ -29,7 +29,6 @@ rules and two-tier weights have another sensitivity).
 from __future__ import annotations
 
 import importlib.util
-import math
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -38,6 +37,8 @@ from typing import Any
 import numpy as np
 from flwr.supercore.differential_privacy import (add_gaussian_noise_inplace, compute_clip_model_update,
                                                  compute_stdv, get_norm)
+
+from .settings import Section
 
 MAX_NOISE_MULTIPLIER = 1000.0
 
@@ -78,17 +79,11 @@ class Privacy:
     def from_cfg(cls, cfg: Mapping[str, Any]) -> Privacy:
         """The run's settings, with the noise multiplier a target epsilon asks for; a bad setting
         raises ValueError naming it."""
-        p = dict(cfg.get("privacy") or {})
-        noise, clip = float(p.get("noise_multiplier", 0.0)), float(p.get("clipping_norm", 1.0))
-        delta, target = float(p.get("delta", 1e-5)), float(p.get("target_epsilon", 0.0))
-        if not (math.isfinite(noise) and noise >= 0):
-            raise ValueError(f"privacy.noise_multiplier must be >= 0, got {p.get('noise_multiplier')}")
-        if not (math.isfinite(clip) and clip > 0):
-            raise ValueError(f"privacy.clipping_norm must be > 0, got {p.get('clipping_norm')}")
-        if not (math.isfinite(delta) and 0 < delta < 1):
-            raise ValueError(f"privacy.delta must be in (0, 1), got {p.get('delta')}")
-        if not (math.isfinite(target) and target >= 0):
-            raise ValueError(f"privacy.target_epsilon must be >= 0 (0: none), got {p.get('target_epsilon')}")
+        p = Section(cfg, "privacy")
+        noise = p.number("noise_multiplier", 0.0, ">= 0", lambda v: v >= 0)
+        clip = p.number("clipping_norm", 1.0, "> 0", lambda v: v > 0)
+        delta = p.number("delta", 1e-5, "in (0, 1)", lambda v: 0 < v < 1)
+        target = p.number("target_epsilon", 0.0, ">= 0 (0: none)", lambda v: v >= 0)
         privacy = cls(noise, clip, delta, target)
         if not privacy.enabled:
             return privacy

@@ -40,6 +40,8 @@ from flwr.app import Array, ArrayRecord, RecordDict
 from flwr.serverapp.strategy.fedtrimmedavg import trim_mean
 from flwr.serverapp.strategy.multikrum import select_multikrum
 
+from .settings import Section
+
 RULES = ("mean", "trimmed_mean", "median", "krum", "multikrum")
 GROUPS = ("none", "device", "arch")  # two-tier aggregation: by device profile, or by architecture
 GROUP_WEIGHTING = ("equal", "samples")
@@ -62,34 +64,16 @@ class Robustness:
     @classmethod
     def from_cfg(cls, cfg: Mapping[str, Any]) -> Robustness:
         """The run's settings; a bad one raises ValueError naming it."""
-        a = dict(cfg.get("aggregation") or {})
-        rule = str(a.get("rule", "mean"))
-        if rule not in RULES:
-            raise ValueError(f"aggregation.rule '{rule}' is unknown: expected one of {list(RULES)}")
-        trim = float(a.get("trim_fraction", 0.1))
-        if not (math.isfinite(trim) and 0.0 <= trim < 0.5):
-            raise ValueError(f"aggregation.trim_fraction must be in [0, 0.5), got {a.get('trim_fraction')}")
-        malicious = a.get("num_malicious", 0)
-        if isinstance(malicious, bool) or not isinstance(malicious, int) or malicious < 0:
-            raise ValueError(f"aggregation.num_malicious must be an integer >= 0, got {malicious}")
-        threshold = float(a.get("norm_threshold", 10.0))
-        if not (math.isfinite(threshold) and (threshold == 0.0 or threshold > 1.0)):
-            raise ValueError(f"aggregation.norm_threshold must be 0 (off) or > 1, got {a.get('norm_threshold')}")
-        groups, group_weighting = str(a.get("groups", "none")), str(a.get("group_weighting", "equal"))
-        if groups not in GROUPS:
-            raise ValueError(f"aggregation.groups '{groups}' is unknown: expected one of {list(GROUPS)}")
-        if group_weighting not in GROUP_WEIGHTING:
-            raise ValueError(f"aggregation.group_weighting '{group_weighting}' is unknown: expected one of "
-                             f"{list(GROUP_WEIGHTING)}")
-        weighting = str(a.get("weighting", "samples"))
-        if weighting not in WEIGHTINGS:
-            raise ValueError(f"aggregation.weighting '{weighting}' is unknown: expected one of {list(WEIGHTINGS)}")
-        temperature = float(a.get("temperature", 0.1))
-        if not (math.isfinite(temperature) and temperature > 0):
-            raise ValueError(f"aggregation.temperature must be > 0, got {a.get('temperature')}")
+        a = Section(cfg, "aggregation")
+        weighting = a.choice("weighting", "samples", WEIGHTINGS)
         if weighting == "val_score" and not float((cfg.get("data") or {}).get("val_fraction", 0.0)) > 0:
             raise ValueError("aggregation.weighting=val_score needs a validation split: set data.val_fraction > 0")
-        return cls(rule, trim, malicious, threshold, groups, group_weighting, weighting, temperature)
+        return cls(a.choice("rule", "mean", RULES),
+                   a.number("trim_fraction", 0.1, "in [0, 0.5)", lambda v: 0 <= v < 0.5),
+                   a.integer("num_malicious", 0, 0),
+                   a.number("norm_threshold", 10.0, "0 (off) or > 1", lambda v: v == 0 or v > 1),
+                   a.choice("groups", "none", GROUPS), a.choice("group_weighting", "equal", GROUP_WEIGHTING),
+                   weighting, a.number("temperature", 0.1, "> 0", lambda v: v > 0))
 
     # -- what each reply weighs ---------------------------------------------------------------
     def reply_weights(self, metrics: list[Mapping[str, Any]], samples: list[float]) -> list[float]:

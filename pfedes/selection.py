@@ -20,6 +20,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .settings import Section
+
 MODES = ("uniform", "power_of_choice")
 MAX_LOSS = 100.0
 
@@ -31,14 +33,8 @@ class Selection:
 
     @classmethod
     def from_cfg(cls, cfg: Mapping[str, Any]) -> Selection:
-        s = dict(cfg.get("selection") or {})
-        mode = str(s.get("mode", "uniform"))
-        if mode not in MODES:
-            raise ValueError(f"selection.mode '{mode}' is unknown: expected one of {list(MODES)}")
-        candidates = s.get("candidates", 2)
-        if isinstance(candidates, bool) or not isinstance(candidates, int) or candidates < 1:
-            raise ValueError(f"selection.candidates must be an integer >= 1, got {candidates}")
-        return cls(mode, candidates)
+        s = Section(cfg, "selection")
+        return cls(s.choice("mode", "uniform", MODES), s.integer("candidates", 2, 1))
 
 
 class ClientHistory:
