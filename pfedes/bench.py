@@ -211,8 +211,9 @@ def execute(run: Run, cfg: dict[str, Any], rerun: bool = False) -> None:
         print(f"[pfedes-bench] {run.strategy} seed {run.seed}: reusing the finished run in {run.out_dir} "
               "(rerun=true runs it again)", flush=True)
         return
-    (run.out_dir / "summary.json").unlink(missing_ok=True)  # marks the run finished only at its end
+    # before the summary goes: an older checkpoint is matched to its config through it
     done = None if rerun else resumable_round(run.out_dir, cfg)
+    (run.out_dir / "summary.json").unlink(missing_ok=True)  # marks the run finished only at its end
     if done is None:
         shutil.rmtree(run.out_dir / "client_state", ignore_errors=True)  # a fresh run, not a resumed one
         print(f"[pfedes-bench] {run.strategy} seed {run.seed} -> {run.out_dir}", flush=True)
