@@ -151,6 +151,25 @@ def test_a_stopped_or_shorter_run_with_the_same_config_resumes_from_its_checkpoi
     assert simulated[-1]["resume"] is False and not (tmp_path / "client_state").exists()
 
 
+def test_a_run_from_before_a_setting_existed_still_extends(tmp_path, monkeypatch):
+    """Its checkpoint holds only a fingerprint of its config (no `selection` then): the bench finds
+    that config in the run's summary.json, which it must read before removing it."""
+    import torch
+
+    from pfedes.server_app import CHECKPOINT, config_fingerprint, prepare
+
+    old = {k: v for k, v in prepare(make_cfg("strategy=local", "num_rounds=2", f"out_dir={tmp_path}")).items()
+           if k != "selection"}
+    (tmp_path / "client_state").mkdir()
+    torch.save({"round": 2, "fingerprint": config_fingerprint(old)}, tmp_path / CHECKPOINT)
+    (tmp_path / "summary.json").write_text(json.dumps({"config": old}))
+    simulated = []
+    monkeypatch.setattr("pfedes.sim.simulate", lambda c: simulated.append(c) or
+                        (tmp_path / "metrics.jsonl").write_text(json.dumps({"round": 1, "acc_mean": 0.5}) + "\n"))
+    execute(Run("local", 0, tmp_path), make_cfg("strategy=local", "num_rounds=5", f"out_dir={tmp_path}"))
+    assert simulated[-1]["resume"] is True
+
+
 def test_plateau_is_the_rise_of_the_seed_mean_line_over_the_last_ten_rounds():
     rising = [fake_run("local", s, [0.3] * 5 + [0.5 + 0.01 * i for i in range(10)]) for s in (0, 1)]
     p = plateau(rising)
