@@ -146,6 +146,9 @@ def load_checkpoint(path: Path, cfg: dict[str, Any]) -> dict[str, Any]:
         raise ConfigError(f"resume=true but there is no checkpoint at '{path}'")
     checkpoint = torch.load(path, map_location="cpu", weights_only=False)
     saved = checkpoint_config(checkpoint, path, cfg) if checkpoint["fingerprint"] != config_fingerprint(cfg) else cfg
+    if saved is not None and "config" not in checkpoint:  # upgraded in place: the summary goes when it resumes
+        checkpoint["config"] = saved
+        atomic_torch_save(checkpoint, path)
     if saved is None or config_fingerprint(with_later_settings(saved, cfg)) != config_fingerprint(cfg):
         raise ConfigError(f"resume=true but '{path}' was written by a run with another configuration "
                           f"(only {', '.join(RESUME_FREE_KEYS)} may change)")

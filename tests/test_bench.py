@@ -168,6 +168,10 @@ def test_a_run_from_before_a_setting_existed_still_extends(tmp_path, monkeypatch
                         (tmp_path / "metrics.jsonl").write_text(json.dumps({"round": 1, "acc_mean": 0.5}) + "\n"))
     execute(Run("local", 0, tmp_path), make_cfg("strategy=local", "num_rounds=5", f"out_dir={tmp_path}"))
     assert simulated[-1]["resume"] is True
+    # the ServerApp then loads the checkpoint with the summary gone: it carries its config now
+    from pfedes.server_app import load_checkpoint
+
+    assert load_checkpoint(tmp_path / CHECKPOINT, prepare(simulated[-1]))["round"] == 2
 
 
 def test_plateau_is_the_rise_of_the_seed_mean_line_over_the_last_ten_rounds():
