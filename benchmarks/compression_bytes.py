@@ -46,13 +46,13 @@ def main(overrides: list[str]) -> None:
     rng = np.random.default_rng(0)
     new = {k: (v + 0.01 * (np.abs(v).mean() + 1e-8) * rng.standard_normal(v.shape)).astype(v.dtype)
            if v.dtype.kind == "f" else v for k, v in sent.items()}
-    rows = []
+    sizes = {}
     for name, option in OPTIONS.items():
         codec = Codec(**option)
         encoded = codec.encode(new, sent, {})[0] if codec.active else new
-        size = arrays_nbytes(ArrayRecord({k: Array(np.asarray(v)) for k, v in encoded.items()}))
-        rows.append({"option": name, "KiB": size / 1024, "vs_fp32": size / rows[0]["KiB"] / 1024 if rows else 1.0,
-                     "pct_of_full_model": 100 * size / full})
+        sizes[name] = arrays_nbytes(ArrayRecord({k: Array(np.asarray(v)) for k, v in encoded.items()}))
+    rows = [{"option": name, "KiB": size / 1024, "vs_fp32": size / sizes["fp32"],
+             "pct_of_full_model": 100 * size / full} for name, size in sizes.items()]
     print(f"strategy {cfg['strategy']['name']}: mean full fp32 model of {devices} = {full / 1024:.1f} KiB")
     print_table(rows, ["option", "KiB", "vs_fp32", "pct_of_full_model"])
     path = write_result("compression_bytes", {
