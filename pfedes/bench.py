@@ -152,11 +152,10 @@ def run_overrides(common: list[str], per_strategy: list[tuple[str, str]], strate
 
 def needs_one_architecture(cfg: dict[str, Any]) -> str | None:
     """Why this run cannot go ahead with this device list, or None."""
-    from hydra.utils import get_class
-
+    from .methods import method_of
     from .models import resolve_architecture
 
-    trainer = get_class(cfg["strategy"]["trainer"])
+    trainer = method_of(cfg).trainer
     archs = sorted({resolve_architecture(d, cfg["model"]["profiles"]) for d in cfg["clients"]["devices"]})
     if trainer.requires_same_architecture and len(archs) > 1:
         return f"needs one architecture (clients.devices maps to {', '.join(archs)})"

@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from hydra.utils import get_class
 
 from .data import ClientData, load_client_data
 
@@ -25,8 +24,9 @@ def load_node_data(cfg: dict[str, Any], data_path: str, partition_id: int, num_p
 def build_trainer(cfg: dict[str, Any], arch: str, num_classes: int, partition_id: int):
     """A fresh trainer; its private model's initialisation depends on (seed, partition) only, so
     every method starts each client from the same private model."""
-    trainer_cls = get_class(cfg["strategy"]["trainer"])
-    return trainer_cls(cfg, arch, num_classes, seed=int(cfg["seed"]) * 100_003 + partition_id)
+    from .methods import method_of
+
+    return method_of(cfg).trainer(cfg, arch, num_classes, seed=int(cfg["seed"]) * 100_003 + partition_id)
 
 
 def train_round(trainer, arrays: dict[str, torch.Tensor], data: ClientData, cfg: dict[str, Any],

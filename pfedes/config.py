@@ -63,7 +63,7 @@ def to_run_config_value(value: Any) -> Any:
 
 PRESET_KEY = "strategy.name"  # the run-config key that chooses the preset (hydra: strategy=NAME)
 PRESET_VALUE = ""  # a strategy key's run-config default: the chosen preset's own value
-_NOT_SETTINGS = ("name", "server", "trainer", "share", "defaults")
+_NOT_SETTINGS = ("name", "method", "server", "trainer", "share", "defaults")  # choose, not configure
 
 
 def strategy_setting_names() -> list[str]:
@@ -173,6 +173,7 @@ def validate(cfg: dict[str, Any]) -> None:
             need(value > low if key == "lr" else value >= low,
                  f"{name} must be {'>' if key == 'lr' else '>='} {low}, got {value}")
     from .compression import Codec
+    from .methods import settings_of
     from .privacy import Privacy
     from .robust import Robustness
     from .selection import Selection
@@ -182,6 +183,7 @@ def validate(cfg: dict[str, Any]) -> None:
         Robustness.from_cfg(cfg)
         Privacy.from_cfg(cfg)
         Selection.from_cfg(cfg)
+        settings_of(cfg)  # the method's typed settings (pfedes/methods/)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     if cfg.get("logging", {}).get("tensorboard"):
@@ -191,9 +193,39 @@ def validate(cfg: dict[str, Any]) -> None:
                           "pip install -e \".[tensorboard]\" (or pip install tensorboard)")
 
 
+LEGACY_METHOD_KEYS = ("server", "trainer", "share")  # a method's parts, in configs saved before pfedes/methods/
+
+
+def _dotted(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def with_registered_method(saved: dict[str, Any]) -> dict[str, Any]:
+    """A config saved before methods were registered names its method's strategy and trainer
+    classes and its filter (`strategy.server`, `.trainer`, `.share`). Where they are those of the
+    method its preset now chooses, the saved config is that method's (`strategy.method`, the three
+    keys gone); otherwise it is returned as it is (another method: not the same run)."""
+    strategy = saved.get("strategy") or {}
+    if "method" in strategy or not any(k in strategy for k in LEGACY_METHOD_KEYS):
+        return saved
+    from .methods import get_method
+
+    try:
+        method = get_method(to_dict(compose([f"strategy={strategy['name']}"]))["strategy"]["method"])
+    except (ConfigError, KeyError):  # a preset gone, or not moved to the registry
+        return saved
+    if (strategy.get("server") != _dotted(method.strategy) or strategy.get("trainer") != _dotted(method.trainer)
+            or list(strategy.get("share", [])) != list(method.share)):
+        return saved
+    upgraded = {k: v for k, v in strategy.items() if k not in LEGACY_METHOD_KEYS}
+    return {**saved, "strategy": {"name": strategy["name"], "method": method.name, **upgraded}}
+
+
 def with_later_settings(saved: dict[str, Any], wanted: dict[str, Any]) -> dict[str, Any]:
     """A run's saved config with the settings added to conf/ since it ran, at their defaults (its
-    strategy's preset): a run from before a setting existed ran as its default does."""
+    strategy's preset): a run from before a setting existed ran as its default does. A config
+    from before methods were registered names its method as they do (`with_registered_method`)."""
+    saved = with_registered_method(saved)
     missing = [k for k in wanted if k not in saved]
     if not missing and all(k in saved.get("strategy", {}) for k in wanted.get("strategy", {})):
         return saved

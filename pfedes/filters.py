@@ -14,6 +14,7 @@ from torch.nn.modules.batchnorm import _NormBase
 HEAD_MODULES = ("head",)
 PROXY_MODULES = ("proxy",)
 LORA_MARKERS = ("lora_A", "lora_B")
+FILTER_NAMES = ("all", "proxy-only", "no-bn", "base-only", "head-only", "lora-only")
 
 
 def _module_of(key: str) -> str:

@@ -10,11 +10,11 @@ from typing import Any
 
 import numpy as np
 import torch
-from hydra.utils import get_class
 
 from .client_round import build_trainer, evaluate_round, load_node_data, train_round
 from .config import for_device
 from .data import load_split, num_classes_of
+from .methods import method_of
 from .models import resolve_architecture
 from .robust import weighted_average
 from .strategies.base import PersonalizedStrategy
@@ -25,7 +25,8 @@ def run_plain(cfg: dict[str, Any], threads: int | None = None, progress: bool = 
     """Run cfg's experiment with every client sampled every round; returns the final shared
     arrays and one record per round (acc_mean, acc_worst, seconds). `progress`: print one line
     per round."""
-    strategy_cls = get_class(cfg["strategy"]["server"])
+    method = method_of(cfg)
+    strategy_cls = method.strategy
     if strategy_cls.aggregate_arrays not in (PersonalizedStrategy.aggregate_arrays, ServerMomentum.aggregate_arrays):
         raise ValueError(f"the plain loop runs methods with the base aggregation, not {strategy_cls.__name__}")
     if float(cfg["fraction_train"]) != 1.0:
@@ -33,13 +34,13 @@ def run_plain(cfg: dict[str, Any], threads: int | None = None, progress: bool = 
     if threads:
         torch.set_num_threads(threads)
     t_start = time.perf_counter()
-    trainer_cls = get_class(cfg["strategy"]["trainer"])
+    trainer_cls = method.trainer
     num_classes = num_classes_of(load_split(cfg["data"]["path"], "train"))
     devices, profiles = cfg["clients"]["devices"], cfg["model"]["profiles"]
     n = int(cfg["num_clients"])
     arch = [resolve_architecture(devices[p % len(devices)], profiles) for p in range(n)]
     current = {k: v.numpy() for k, v in trainer_cls.initial_shared(cfg, arch[0], num_classes).items()}
-    beta = float(cfg["strategy"].get("server_momentum", 0.0))
+    beta = getattr(method.settings_from(cfg), "server_momentum", 0.0)
     trainers: dict[int, Any] = {}
     rounds = []
     t_last = time.perf_counter()

@@ -16,12 +16,12 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, MetricRecord
 from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
-from hydra.utils import get_class
 
 from .client_state import atomic_torch_save, state_digest
 from .config import ConfigError, experiment_config, overrides_from_run_config, with_later_settings
 from .data import DataError, classes_in_no_partition, load_split, load_unified_test, num_classes_of
 from .grid import PromptGrid
+from .methods import method_of
 from .flower_log import quiet_flower
 from .models import resolve_architecture
 from .privacy import Privacy
@@ -74,12 +74,15 @@ def prepare(cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 def check_method_settings(cfg: dict[str, Any]) -> None:
-    """Build the method's trainer once for each architecture in clients.devices, as a client
-    would: a setting it cannot take (a negative weight, an unknown fusion) raises ConfigError
-    with the trainer's one-line message, before any client starts. The data settings that need
-    the data's class count are checked here too."""
-    trainer_cls = get_class(cfg["strategy"]["trainer"])
-    if not get_class(cfg["strategy"]["server"]).averages_arrays:
+    """Check the method's typed settings (pfedes/methods/: a negative weight, an unknown fusion
+    raise ConfigError naming the key), then build its trainer once for each architecture in
+    clients.devices, as a client would, for what only a built model can tell (a LoRA base
+    checkpoint that does not fit), before any client starts. The data settings that need the
+    data's class count are checked here too."""
+    method = method_of(cfg)
+    method.settings_from(cfg)  # config.validate checked them already, unless cfg was built otherwise
+    trainer_cls = method.trainer
+    if not method.strategy.averages_arrays:
         name = cfg["strategy"]["name"]
         if Privacy.from_cfg(cfg).enabled:
             raise ConfigError(f"privacy: strategy '{name}' shares per-class means, not arrays it averages; "
@@ -158,8 +161,8 @@ def load_checkpoint(path: Path, cfg: dict[str, Any]) -> dict[str, Any]:
 def run_experiment(grid: Grid, cfg: dict[str, Any]) -> dict[str, Any]:
     cfg = prepare(cfg)
     out_dir = Path(cfg["out_dir"])
-    strategy_cls = get_class(cfg["strategy"]["server"])
-    trainer_cls = get_class(cfg["strategy"]["trainer"])
+    method = method_of(cfg)
+    strategy_cls, trainer_cls = method.strategy, method.trainer
     num_classes = num_classes_of(load_split(cfg["data"]["path"], "train"))
     warn_of_classes_in_no_client(cfg)
     archs = [resolve_architecture(d, cfg["model"]["profiles"]) for d in cfg["clients"]["devices"]]

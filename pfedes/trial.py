@@ -23,10 +23,9 @@ import sys
 import time
 from pathlib import Path
 
-from hydra.utils import get_class
-
 from .config import ConfigError, default_run_config, experiment_config, overrides_from_run_config
 from .data import DataError, embedded_dir, resolve_data_dir
+from .methods import method_of
 from .server_app import check_method_settings
 
 DEVICES = ("phone", "gateway", "gpu-host")
@@ -52,7 +51,7 @@ def run_config_for(args: argparse.Namespace, root: Path) -> dict:
     run = {"num_clients": args.nodes, "num_rounds": 3, **wanted, "data.path": data, "out_dir": str(root / "results")}
     cfg = experiment_config(overrides_from_run_config(dict(default_run_config(), **run)))
     if "evaluate_in_train" not in wanted:  # the devices' default, where the method can take it
-        run["evaluate_in_train"] = not get_class(cfg["strategy"]["server"]).send_arrays_to_evaluate
+        run["evaluate_in_train"] = not method_of(cfg).strategy.send_arrays_to_evaluate
         cfg = experiment_config(overrides_from_run_config(dict(default_run_config(), **run)))
     check_method_settings(cfg)
     return run

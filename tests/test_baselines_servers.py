@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord
-from hydra.utils import get_class
 
 from conftest import make_cfg, train_reply
+from pfedes.methods import method_of
 from pfedes.strategies.cfl import ClusteredFL, bipartition, cosine_similarities, should_split
 
 OLD = {"w": np.array([[0.0, 4.0]], dtype=np.float32), "b": np.array([1.0], dtype=np.float32)}
@@ -18,7 +18,7 @@ FEDAVG_SERVER = ["fedavg", "fedprox", "fedbn", "fedper", "fedrep", "apfl", "perf
 
 def strategy(name, *overrides):
     cfg = make_cfg(f"strategy={name}", "num_clients=2", *overrides)
-    s = get_class(cfg["strategy"]["server"])(cfg)
+    s = method_of(cfg).strategy(cfg)
     s.current = {k: v.copy() for k, v in OLD.items()}
     return s
 
@@ -39,7 +39,7 @@ def test_fedavg_style_servers_take_the_sample_weighted_average(name):
                                          ("lora", True), ("perfedavg", True), ("apfl", True),
                                          ("ditto", False), ("pfedme", False), ("cfl", True)])
 def test_evaluation_carries_the_global_entries_only_where_the_evaluated_model_is_built_from_them(name, sends):
-    assert get_class(make_cfg(f"strategy={name}")["strategy"]["server"]).send_arrays_to_evaluate is sends
+    assert method_of(make_cfg(f"strategy={name}")).strategy.send_arrays_to_evaluate is sends
 
 
 @pytest.mark.parametrize("beta, expected_w, expected_b", [

@@ -3,11 +3,11 @@ trainer's defining property, and what leaves the client."""
 
 import pytest
 import torch
-from hydra.utils import get_class
 from torch.nn import functional as F
 from torch.nn.modules.batchnorm import _NormBase
 
 from conftest import make_cfg
+from pfedes.methods import method_of
 
 HOMOGENEOUS = ["fedavg", "fedprox", "fedbn", "fedper", "fedrep", "ditto", "apfl", "pfedme", "perfedavg",
                "lora", "cfl"]
@@ -15,7 +15,7 @@ HOMOGENEOUS = ["fedavg", "fedprox", "fedbn", "fedper", "fedrep", "ditto", "apfl"
 
 def make(name, *overrides, arch="cnn3", seed=0):
     cfg = make_cfg(f"strategy={name}", *overrides)
-    return get_class(cfg["strategy"]["trainer"])(cfg, arch, num_classes=10, seed=seed)
+    return method_of(cfg).trainer(cfg, arch, num_classes=10, seed=seed)
 
 
 def batch(n=8, seed=0):
@@ -45,7 +45,7 @@ def test_homogeneous_methods_need_one_architecture_and_never_ship_the_pfedes_pro
 
 
 def test_only_methods_whose_shared_entries_form_a_whole_model_claim_a_global_model():
-    flags = {name: get_class(make_cfg(f"strategy={name}")["strategy"]["trainer"]).has_global_model
+    flags = {name: method_of(make_cfg(f"strategy={name}")).trainer.has_global_model
              for name in HOMOGENEOUS}
     assert {n for n, f in flags.items() if not f} == {"fedbn", "fedper", "fedrep", "cfl"}
 

@@ -203,12 +203,17 @@ def test_proxy_epochs_train_only_the_shared_branch(small_data):
 
 def test_the_unshared_control_is_the_default_client_with_nothing_shared():
     from pfedes.config import experiment_config
+    from pfedes.methods import method_of
+    from pfedes.strategies.local import LocalOnly
 
-    default = experiment_config([])["strategy"]
-    unshared = experiment_config(["strategy=pfedes_unshared"])["strategy"]
+    default_cfg, unshared_cfg = experiment_config([]), experiment_config(["strategy=pfedes_unshared"])
+    default, unshared = default_cfg["strategy"], unshared_cfg["strategy"]
     assert set(default) == set(unshared)
-    assert {k for k in default if default[k] != unshared[k]} == {"name", "server", "share"}
-    assert unshared["share"] == []
+    assert {k for k in default if default[k] != unshared[k]} == {"name", "method"}  # the same settings
+    pfedes, control = method_of(default_cfg), method_of(unshared_cfg)
+    assert control.trainer is pfedes.trainer and control.settings is pfedes.settings  # the same client
+    assert control.strategy is LocalOnly and control.strategy is not pfedes.strategy  # another server
+    assert control.share == () and pfedes.share == ("proxy-only",)
 
 
 def test_rep_schedule_fits_the_private_head_to_the_received_proxy_then_trains_the_proxy(small_data):

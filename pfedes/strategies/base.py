@@ -86,6 +86,10 @@ class PersonalizedStrategy(FedAvg):
     averages_arrays = True  # the shared arrays go through `combine` (weighting, robust rules, privacy)
 
     def __init__(self, cfg: dict[str, Any]) -> None:
+        from ..methods import method_of  # methods/ registers the strategies: imported when used
+
+        # The method's typed settings (checked, ConfigError naming the key): subclasses read them.
+        self.settings = method_of(cfg).settings_from(cfg)
         min_available = int(cfg.get("min_available_clients") or cfg["num_clients"])
         fraction_train, fraction_evaluate = float(cfg["fraction_train"]), float(cfg["fraction_evaluate"])
         self.evaluate_in_train = bool(cfg.get("evaluate_in_train", False))

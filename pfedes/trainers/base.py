@@ -23,8 +23,9 @@ class SharedStateError(ValueError):
 class Trainer:
     """One client's private state (model, optimizer, step count) and how it learns.
 
-    `exchange` is the module whose state_dict the parameter filter (`strategy.share`) reads:
-    its filtered entries are what the client receives and sends, everything else stays here.
+    `exchange` is the module whose state_dict the method's parameter filter (the `share` it is
+    registered with, pfedes/methods/) reads: its filtered entries are what the client receives
+    and sends, everything else stays here.
     Subclasses override `train_step` (and, where the method needs it, `exchange` or `evaluate`).
     A method whose shared entries form a whole model sets `has_global_model` (on the class, or
     on the instance where its settings decide it); the server then reports that model's accuracy
@@ -36,8 +37,13 @@ class Trainer:
     requires_same_architecture = False  # homogeneous-model methods set this
 
     def __init__(self, cfg: dict[str, Any], arch: str, num_classes: int, seed: int) -> None:
+        from ..methods import method_of
+
         self.cfg = cfg
         self.arch = arch
+        method = method_of(cfg)
+        # The method's typed settings (methods/), checked: a subclass reads self.settings.KEY.
+        self.settings = method.settings_from(cfg)
         torch.manual_seed(seed)
         model_cfg = cfg["model"]
         self.model = build_client_model(arch, num_classes, model_cfg["proxy_dim"],
@@ -47,7 +53,7 @@ class Trainer:
         # trainer, switched between train and eval mode with the model, never filtered.
         self.private = nn.ModuleDict()
         self.build_extra_modules()
-        self.share_spec = list(cfg["strategy"].get("share", []))
+        self.share_spec = list(method.share)
         self._shared_keys = shared_keys(self.exchange, self.share_spec)
         self.optimizer = self.local_sgd(self.trainable_parameters())
         self.steps = 0

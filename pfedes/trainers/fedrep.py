@@ -24,9 +24,7 @@ class FedRepTrainer(FedAvgTrainer):
 
     def build_extra_modules(self) -> None:
         super().build_extra_modules()
-        self.head_epochs = int(self.cfg["strategy"]["head_epochs"])
-        if self.head_epochs < 0:
-            raise ValueError(f"strategy.head_epochs must be >= 0, got {self.head_epochs}")
+        self.head_epochs = self.settings.head_epochs  # >= 0: methods/fedrep.py
         self.head_optimizer = self.local_sgd(self.model.head.parameters())
         self.phase = BODY
 

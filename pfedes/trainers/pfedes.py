@@ -86,14 +86,6 @@ class LabelPrior(nn.Module):
         return logits + self.log_prior
 
 
-def _check(name: str, value: float, low: float = 0.0, strict: bool = False) -> float:
-    value = float(value)
-    ok = math.isfinite(value) and (value > low if strict else value >= low)
-    if not ok:
-        raise ValueError(f"strategy.{name} must be {'>' if strict else '>='} {low:g}, got {value:g}")
-    return value
-
-
 def mutual_distillation(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """KL(p_b || p_a) + KL(p_a || p_b), each toward the other's fixed prediction (Deep Mutual
     Learning): each branch learns from the other's class probabilities as well as the labels."""
@@ -105,59 +97,23 @@ class PFedESTrainer(Trainer):
     shares_feature_extractor = True
 
     def build_extra_modules(self) -> None:
-        s, d = self.cfg["strategy"], int(self.cfg["model"]["proxy_dim"])
-        self.lam = _check("lam", s["lam"])
-        self.align = s["align"]
-        if self.align not in ALIGN_KINDS:
-            raise ValueError(f"strategy.align '{self.align}' is unknown: expected one of {list(ALIGN_KINDS)}")
-        self.temperature = _check("temperature", s.get("temperature", 0.1), strict=True)
-        self.warmup_steps = int(_check("warmup_steps", s["warmup_steps"]))
-        self.proxy_align_weight = _check("proxy_align_weight", s.get("proxy_align_weight", 1.0))
-        self.proxy_ce_weight = _check("proxy_ce_weight", s.get("proxy_ce_weight", 0.0))
-        self.variance_weight = _check("variance_weight", s.get("variance_weight", 0.0))
-        self.covariance_weight = _check("covariance_weight", s.get("covariance_weight", 0.0))
-        _check("proxy_lr_scale", s["proxy_lr_scale"], strict=True)
-        self.proxy_epochs = int(_check("proxy_epochs", s.get("proxy_epochs", 0)))
-        self.fusion = s.get("fusion", "none")
-        if self.fusion not in FUSIONS:
-            raise ValueError(f"strategy.fusion '{self.fusion}' is unknown: expected one of {list(FUSIONS)}")
-        self.distill_weight = _check("distill_weight", s.get("distill_weight", 0.0))
-        if self.distill_weight and self.fusion != "ensemble":
-            raise ValueError(f"strategy.distill_weight needs fusion: ensemble (two branches to distil "
-                             f"between), got fusion '{self.fusion}'")
-        self.proxy_schedule = s.get("proxy_schedule", "joint")
-        if self.proxy_schedule not in PROXY_SCHEDULES:
-            raise ValueError(f"strategy.proxy_schedule '{self.proxy_schedule}' is unknown: expected one of "
-                             f"{list(PROXY_SCHEDULES)}")
-        self.proxy_head_epochs = int(_check("proxy_head_epochs", s.get("proxy_head_epochs", 0)))
+        s, d = self.settings, int(self.cfg["model"]["proxy_dim"])  # checked: methods/pfedes.py
+        self.lam, self.align, self.temperature = s.lam, s.align, s.temperature
+        self.warmup_steps = s.warmup_steps
+        self.proxy_align_weight, self.proxy_ce_weight = s.proxy_align_weight, s.proxy_ce_weight
+        self.variance_weight, self.covariance_weight = s.variance_weight, s.covariance_weight
+        self.proxy_epochs, self.fusion, self.distill_weight = s.proxy_epochs, s.fusion, s.distill_weight
+        self.proxy_schedule, self.proxy_head_epochs = s.proxy_schedule, s.proxy_head_epochs
         self.rep = self.proxy_schedule == "rep"
-        if self.rep and (self.fusion != "ensemble" or not self.proxy_epochs):
-            raise ValueError(f"strategy.proxy_schedule 'rep' needs fusion: ensemble and proxy_epochs >= 1 "
-                             f"(a private head on the proxy, and passes in which the proxy learns), got "
-                             f"fusion '{self.fusion}', proxy_epochs {self.proxy_epochs}")
-        if self.proxy_head_epochs and not self.rep:
-            raise ValueError("strategy.proxy_head_epochs needs proxy_schedule: rep")
-        predict_with = s.get("predict_with", "local")
-        if predict_with not in PREDICT_WITH:
-            raise ValueError(f"strategy.predict_with '{predict_with}' is unknown: expected one of {list(PREDICT_WITH)}")
-        if predict_with == "received" and self.fusion == "none":
-            raise ValueError("strategy.predict_with 'received' needs a fusion that puts the proxy in the "
-                             "prediction, got fusion 'none'")
-        self.predict_with_received = predict_with == "received"
-        self.proxy_head = s.get("proxy_head", "private")
-        if self.proxy_head not in PROXY_HEADS:
-            raise ValueError(f"strategy.proxy_head '{self.proxy_head}' is unknown: expected one of {list(PROXY_HEADS)}")
-        if self.proxy_head == "shared" and (self.fusion != "ensemble" or self.rep):
-            raise ValueError(f"strategy.proxy_head 'shared' needs fusion: ensemble and proxy_schedule: joint, "
-                             f"got fusion '{self.fusion}', proxy_schedule '{self.proxy_schedule}'")
+        self.predict_with_received = s.predict_with == "received"
+        self.proxy_head = s.proxy_head
         num_classes = self.model.head.out_features
         shared_head = bool(self.proxy_ce_weight) or self.proxy_head == "shared"
         # The proxy with its shared classifier C is a small model of the whole federation:
         # the server scores C(E_proxy(x)) on the unified test set (no label prior: it is balanced).
         self.has_global_model = shared_head
-        self.proxy = ProxyExtractor(d, norm=s.get("proxy_norm", "none"),
-                                    num_classes=num_classes if shared_head else 0,
-                                    pool=int(s.get("proxy_pool", 1)), width=int(s.get("proxy_width", 16)))
+        self.proxy = ProxyExtractor(d, norm=s.proxy_norm, num_classes=num_classes if shared_head else 0,
+                                    pool=s.proxy_pool, width=s.proxy_width)
         self.exchange["proxy"] = self.proxy
         if self.fusion == "concat":
             self.model.head = nn.Linear(self.model.head.in_features + d, num_classes)
@@ -176,7 +132,7 @@ class PFedESTrainer(Trainer):
         # The proxy is replaced by the server's each round: its optimizer starts fresh too.
         train = self.cfg["train"]
         self.proxy_optimizer = torch.optim.SGD(
-            self.proxy.parameters(), lr=train["lr"] * float(self.cfg["strategy"]["proxy_lr_scale"]),
+            self.proxy.parameters(), lr=train["lr"] * self.settings.proxy_lr_scale,
             momentum=train["momentum"])
         self.proxy.train()
         if self.predict_with_received:
