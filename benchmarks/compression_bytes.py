@@ -15,7 +15,6 @@ import sys
 
 import numpy as np
 from flwr.app import Array, ArrayRecord
-from hydra.utils import get_class
 
 from _common import experiment, print_table, write_result
 
@@ -34,11 +33,12 @@ OPTIONS = {
 
 def main(overrides: list[str]) -> None:
     from pfedes.compression import Codec
+    from pfedes.methods import method_of
     from pfedes.models import resolve_architecture
     from pfedes.strategies.base import arrays_nbytes
 
     cfg = experiment(overrides)
-    trainer_cls = get_class(cfg["strategy"]["trainer"])
+    trainer_cls = method_of(cfg).trainer
     devices = sorted(set(cfg["clients"]["devices"]))
     models = [trainer_cls(cfg, resolve_architecture(d, cfg["model"]["profiles"]), 10, seed=0) for d in devices]
     full = float(np.mean([sum(p.numel() * 4 for p in m.model.parameters()) for m in models]))

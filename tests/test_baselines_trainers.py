@@ -74,12 +74,19 @@ def test_fedprox_gradient_is_the_cross_entropy_gradient_plus_mu_times_w_minus_w_
         torch.testing.assert_close(p.grad, ce_grad[k] + mu * (p.detach() - w_global[k]))
 
 
-def test_fedprox_term_covers_shared_parameters_only_never_batchnorm_statistics():
+def test_fedprox_term_covers_shared_parameters_only_never_batchnorm_statistics(monkeypatch):
+    from dataclasses import replace
+
+    from pfedes.methods import METHODS
+
     trainer = make("fedprox", arch="resnet_bn")
     prox = set(trainer.proximal_parameters())
     assert prox == {k for k, _ in trainer.exchange.named_parameters()}
     assert not any("running_" in k or "num_batches_tracked" in k for k in prox)
-    no_bn = make("fedprox", "strategy.share=[all,no-bn]", arch="resnet_bn")
+    # FedProx with FedBN's filter: a method registered for this test only
+    monkeypatch.setitem(METHODS, "fedprox_no_bn", replace(METHODS["fedprox"], name="fedprox_no_bn",
+                                                          share=("all", "no-bn")))
+    no_bn = make("fedprox", "strategy.method=fedprox_no_bn", arch="resnet_bn")
     assert not (set(no_bn.proximal_parameters()) & bn_keys(no_bn))
 
 

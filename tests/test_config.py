@@ -57,7 +57,9 @@ def test_flowers_own_parser_reads_a_preset_and_its_settings_in_one_string():
 
 def test_selecting_another_strategy_by_run_config():
     cfg = experiment_config(overrides_from_run_config(dict(pyproject_run_config(), **{"strategy.name": "local"})))
-    assert cfg["strategy"]["name"] == "local" and cfg["strategy"]["share"] == []
+    from pfedes.methods import method_of
+
+    assert cfg["strategy"]["name"] == "local" and method_of(cfg).share == ()
 
 
 def test_bad_overrides_give_a_one_line_error_naming_the_key():

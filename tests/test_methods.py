@@ -4,6 +4,7 @@ the key when the configuration is composed, before Ray, the SuperLink or any cli
 
 import subprocess
 import sys
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
@@ -12,8 +13,7 @@ from omegaconf import OmegaConf
 from pfedes.config import ConfigError, conf_dir, experiment_config
 from pfedes.methods import METHODS, get_method, method_of, settings_of
 
-MOVED = ("fedrep", "pfedes", "pfedes_ensemble", "pfedes_seed", "pfedes_unshared")  # the rest follow
-PRESETS = sorted(p.stem for p in (Path(conf_dir()) / "strategy").glob("*.yaml") if p.stem in MOVED)
+PRESETS = sorted(p.stem for p in (Path(conf_dir()) / "strategy").glob("*.yaml"))
 
 
 def rejected(preset: str, *overrides: str) -> str:
@@ -68,22 +68,77 @@ def test_every_filter_a_method_shares_through_exists():
 
 
 # -- bad values, one per kind and method --------------------------------------------------------
-# (preset, override, the start of the one-line error)
+# (preset, override, the start of the one-line error): for every method, a negative value, one
+# out of range, an unknown choice or a value of the wrong type where it has such settings; the
+# unknown setting name of every preset is tested below.
 BAD = [
-    ("pfedes", "strategy.lam=-1", "strategy.lam must be >= 0, got -1"),
-    ("pfedes", "strategy.server_momentum=1.5", "strategy.server_momentum 1.5 is outside [0, 1)"),
-    ("pfedes", "strategy.fusion=mixture", "strategy.fusion 'mixture' is unknown"),
-    ("pfedes", "strategy.temperature=abc", "strategy.temperature must be a finite number, got 'abc'"),
-    ("pfedes_seed", "strategy.proxy_lr_scale=0", "strategy.proxy_lr_scale must be > 0, got 0"),
-    ("pfedes_unshared", "strategy.proxy_width=0", "strategy.proxy_width must be >= 1, got 0"),
-    ("pfedes_unshared", "strategy.proxy_norm=layer", "strategy.proxy_norm 'layer' is unknown"),
-    ("pfedes_ensemble", "strategy.warmup_steps=-1", "strategy.warmup_steps must be >= 0, got -1"),
-    ("pfedes_ensemble", "strategy.server_momentum=-0.1", "strategy.server_momentum -0.1 is outside [0, 1)"),
-    ("pfedes_ensemble", "strategy.align=l1", "strategy.align 'l1' is unknown"),
+    ("apfl", "strategy.alpha_init=-0.1", "strategy.alpha_init must be in [0, 1], got -0.1"),
+    ("apfl", "strategy.alpha_init=1.5", "strategy.alpha_init must be in [0, 1], got 1.5"),
+    ("apfl", "strategy.alpha_lr=-1", "strategy.alpha_lr must be > 0, got -1"),
+    ("cfl", "strategy.eps1=-1", "strategy.eps1 must be > 0, got -1"),
+    ("cfl", "strategy.eps2=0", "strategy.eps2 must be > 0, got 0"),
+    ("cfl", "strategy.min_split_size=1", "strategy.min_split_size must be >= 2, got 1"),
+    ("cfl", "strategy.min_split_size=three", "strategy.min_split_size must be an integer, got 'three'"),
+    ("ditto", "strategy.lam=-1", "strategy.lam must be >= 0, got -1"),
+    ("ditto", "strategy.lam=abc", "strategy.lam must be a finite number, got 'abc'"),
+    ("fd", "strategy.lam=-1", "strategy.lam must be >= 0, got -1"),
+    ("fd", "strategy.lam=inf", "strategy.lam must be a finite number, got inf"),
+    ("fedgh", "strategy.server_lr=-0.1", "strategy.server_lr must be > 0, got -0.1"),
+    ("fedgh", "strategy.server_epochs=0", "strategy.server_epochs must be >= 1, got 0"),
+    ("fedproto", "strategy.lam=-1", "strategy.lam must be >= 0, got -1"),
+    ("fedproto", "strategy.lam=[1]", "strategy.lam must be a finite number, got [1]"),
+    ("fedprox", "strategy.mu=-0.1", "strategy.mu must be >= 0, got -0.1"),
+    ("fedprox", "strategy.mu=true", "strategy.mu must be a finite number, got True"),
     ("fedrep", "strategy.head_epochs=-1", "strategy.head_epochs must be >= 0, got -1"),
     ("fedrep", "strategy.head_epochs=2.5", "strategy.head_epochs must be an integer, got 2.5"),
     ("fedrep", "strategy.head_epochs=five", "strategy.head_epochs must be an integer, got 'five'"),
+    ("fml", "strategy.alpha=-0.5", "strategy.alpha must be in [0, 1], got -0.5"),
+    ("fml", "strategy.beta=1.5", "strategy.beta must be in [0, 1], got 1.5"),
+    ("fml", "strategy.server_momentum=1", "strategy.server_momentum 1 is outside [0, 1)"),
+    ("lgfedavg", "strategy.server_momentum=-0.5", "strategy.server_momentum -0.5 is outside [0, 1)"),
+    ("lgfedavg", "strategy.server_momentum=1.0", "strategy.server_momentum 1 is outside [0, 1)"),
+    ("lora", "strategy.rank=0", "strategy.rank must be >= 1, got 0"),
+    ("lora", "strategy.alpha=-1", "strategy.alpha must be > 0, got -1"),
+    ("lora", "strategy.conv=maybe", "strategy.conv must be true or false, got 'maybe'"),
+    ("perfedavg", "strategy.inner_lr=-0.01", "strategy.inner_lr must be > 0, got -0.01"),
+    ("perfedavg", "strategy.inner_lr=0", "strategy.inner_lr must be > 0, got 0"),
+    ("pfedes", "strategy.lam=-1", "strategy.lam must be >= 0, got -1"),
+    ("pfedes", "strategy.server_momentum=1.5", "strategy.server_momentum 1.5 is outside [0, 1)"),
+    ("pfedes", "strategy.fusion=mixture", "strategy.fusion 'mixture' is unknown"),
+    ("pfedes", "strategy.predict_with=global", "strategy.predict_with 'global' is unknown"),
+    ("pfedes", "strategy.temperature=abc", "strategy.temperature must be a finite number, got 'abc'"),
+    ("pfedes_seed", "strategy.proxy_lr_scale=0", "strategy.proxy_lr_scale must be > 0, got 0"),
+    ("pfedes_seed", "strategy.variance_weight=-1", "strategy.variance_weight must be >= 0, got -1"),
+    ("pfedes_seed", "strategy.fusion=sum", "strategy.fusion 'sum' is unknown"),
+    ("pfedes_unshared", "strategy.proxy_width=0", "strategy.proxy_width must be >= 1, got 0"),
+    ("pfedes_unshared", "strategy.proxy_norm=layer", "strategy.proxy_norm 'layer' is unknown"),
+    ("pfedes_unshared", "strategy.distill_weight=-1", "strategy.distill_weight must be >= 0, got -1"),
+    ("pfedes_ensemble", "strategy.warmup_steps=-1", "strategy.warmup_steps must be >= 0, got -1"),
+    ("pfedes_ensemble", "strategy.server_momentum=-0.1", "strategy.server_momentum -0.1 is outside [0, 1)"),
+    ("pfedes_ensemble", "strategy.align=l1", "strategy.align 'l1' is unknown"),
+    ("pfedes_paper", "strategy.mu=0", "strategy.mu must be in (0, 1], got 0"),
+    ("pfedes_paper", "strategy.mu=1.5", "strategy.mu must be in (0, 1], got 1.5"),
+    ("pfedes_paper", "strategy.generator_epochs=0", "strategy.generator_epochs must be >= 1, got 0"),
+    ("pfedes_paper", "strategy.grad_clip=-1", "strategy.grad_clip must be > 0, got -1"),
+    ("pfedes_paper", "strategy.server_momentum=2", "strategy.server_momentum 2 is outside [0, 1)"),
+    ("pfedme", "strategy.lam=-0.1", "strategy.lam must be > 0, got -0.1"),
+    ("pfedme", "strategy.inner_steps=0", "strategy.inner_steps must be >= 1, got 0"),
+    ("pfedme", "strategy.personal_lr=-1", "strategy.personal_lr must be > 0, got -1"),
+    ("pfedme", "strategy.beta=2.5", "strategy.beta 2.5 is outside (0, 2]"),
 ]
+
+
+def test_every_method_has_its_bad_values_here():
+    with_settings = {m.name for m in METHODS.values() if fields(m.settings)}
+    tested = {method_of(experiment_config([f"strategy={preset}"])).name for preset, _, _ in BAD}
+    assert with_settings <= tested
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_an_unknown_setting_name_is_one_line(preset):
+    method = method_of(experiment_config([f"strategy={preset}"])).name
+    assert rejected(preset, "++strategy.no_such_setting=1").startswith(
+        f"strategy.no_such_setting is not a setting of method '{method}'")
 
 
 @pytest.mark.parametrize("preset, override, message", BAD)
@@ -99,3 +154,35 @@ def test_a_bad_method_setting_stops_pfedes_sim_before_anything_starts(tmp_path):
     assert result.stderr.strip().splitlines() == ["pfedes-sim: strategy.lam must be >= 0, got -1"]
     assert result.stdout.strip() == ""  # no simulation started: Flower and Ray log there
     assert not (tmp_path / "out" / "client_state").exists()
+
+
+# -- configs saved before the registry ------------------------------------------------------------
+LEGACY = {"fedrep": ("pfedes.strategies.fedavg.FedAvg", "pfedes.trainers.fedrep.FedRepTrainer", ["base-only"]),
+          "pfedes_unshared": ("pfedes.strategies.local.LocalOnly", "pfedes.trainers.pfedes.PFedESTrainer", [])}
+
+
+def saved_before_the_registry(preset: str, **strategy) -> dict:
+    """cfg as summary.json stored it when presets named their classes and filter."""
+    cfg = experiment_config([f"strategy={preset}"])
+    server, trainer, share = LEGACY[preset]
+    old = {k: v for k, v in cfg["strategy"].items() if k != "method"}
+    return {**cfg, "strategy": {**old, "server": server, "trainer": trainer, "share": share, **strategy}}
+
+
+@pytest.mark.parametrize("preset", sorted(LEGACY))
+def test_a_config_saved_before_the_registry_is_the_method_it_names(preset, tmp_path):
+    import json
+
+    from pfedes.bench import finished_rounds
+    from pfedes.config import with_later_settings, with_registered_method
+
+    cfg = experiment_config([f"strategy={preset}", "num_rounds=1", f"out_dir={tmp_path}"])
+    saved = saved_before_the_registry(preset)
+    assert with_registered_method(saved)["strategy"] == experiment_config([f"strategy={preset}"])["strategy"]
+    (tmp_path / "summary.json").write_text(json.dumps({"config": {**saved, "num_rounds": 1,
+                                                                  "out_dir": str(tmp_path)}}))
+    (tmp_path / "metrics.jsonl").write_text('{"round": 1}\n')
+    assert finished_rounds(tmp_path, cfg) == [{"round": 1}]  # the bench reuses it
+    other = saved_before_the_registry(preset, share=["all"])  # another filter: another run
+    assert with_registered_method(other) is other
+    assert with_later_settings(other, cfg)["strategy"] != cfg["strategy"]

@@ -14,7 +14,8 @@ from typing import Any
 
 from ..config import ConfigError
 from .base import Method, Settings, register
-from . import fedrep, pfedes  # noqa: F401  (each registers its methods)
+from . import (apfl, cfl, ditto, fd, fedavg, fedbn, fedgh, fedper, fedproto, fedprox,  # noqa: F401
+               fedrep, fml, lgfedavg, local, lora, perfedavg, pfedes, pfedes_paper, pfedme)  # each registers its methods
 
 METHODS = Method.registry
 
@@ -30,22 +31,9 @@ def method_of(cfg: Mapping[str, Any]) -> Method:
     """The method a run's `strategy` section chooses."""
     section = cfg["strategy"]
     if "method" not in section:
-        return _legacy_method(section)
+        raise ConfigError(f"strategy '{section.get('name')}' chooses no method: its preset needs `method: NAME`, "
+                          f"one of {sorted(METHODS)}")
     return get_method(str(section["method"]))
-
-
-def _legacy_method(section: Mapping[str, Any]) -> Method:
-    """A preset not yet moved to the registry: classes by their dotted paths (to be removed)."""
-    from hydra.utils import get_class
-
-    return Method(section["name"], get_class(section["server"]), get_class(section["trainer"]),
-                  tuple(section.get("share", [])), _LegacySettings)
-
-
-class _LegacySettings(Settings):
-    @classmethod
-    def from_section(cls, section, method):  # noqa: ANN001
-        return None
 
 
 def settings_of(cfg: Mapping[str, Any]) -> Settings:

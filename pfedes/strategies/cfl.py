@@ -84,12 +84,8 @@ class ClusteredFL(PersonalizedStrategy):
 
     def __init__(self, cfg: dict[str, Any]) -> None:
         super().__init__(cfg)
-        s = cfg["strategy"]
-        self.eps1, self.eps2 = float(s["eps1"]), float(s["eps2"])
-        self.min_split_size = int(s["min_split_size"])
-        if self.eps1 <= 0 or self.eps2 <= 0 or self.min_split_size < 2:
-            raise ValueError(f"CFL needs strategy.eps1 > 0, strategy.eps2 > 0 and strategy.min_split_size >= 2, "
-                             f"got {self.eps1}, {self.eps2}, {self.min_split_size}")
+        s = self.settings  # eps1, eps2 > 0, min_split_size >= 2: methods/cfl.py
+        self.eps1, self.eps2, self.min_split_size = s.eps1, s.eps2, s.min_split_size
         self.clusters: list[dict[str, Any]] = []  # {"members": set of node ids, "arrays": {key: array}}
 
     # -- which cluster a node is in ----------------------------------------------------

@@ -32,12 +32,7 @@ def train_head(head: dict[str, np.ndarray], prototypes: np.ndarray, labels: np.n
 class FedGH(ClassPayloadStrategy):
     def __init__(self, cfg) -> None:
         super().__init__(cfg)
-        s = cfg["strategy"]
-        self.server_lr, self.server_epochs = float(s["server_lr"]), int(s["server_epochs"])
-        if self.server_lr <= 0:
-            raise ValueError(f"strategy.server_lr must be > 0, got {self.server_lr}")
-        if self.server_epochs < 1:
-            raise ValueError(f"strategy.server_epochs must be >= 1, got {self.server_epochs}")
+        self.server_lr, self.server_epochs = self.settings.server_lr, self.settings.server_epochs  # methods/fedgh.py
 
     @property
     def payload_dim(self) -> int:

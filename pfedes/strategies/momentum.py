@@ -28,12 +28,7 @@ class ServerMomentum:
 
     def __init__(self, cfg: dict[str, Any]) -> None:
         super().__init__(cfg)
-        if self.settings is None:  # a preset not yet moved to pfedes/methods/ (transitional)
-            self.server_momentum = float(cfg["strategy"].get("server_momentum", 0.0))
-            if not 0.0 <= self.server_momentum < 1.0:
-                raise ValueError(f"strategy.server_momentum {self.server_momentum} is outside [0, 1)")
-        else:  # in [0, 1): methods/base.py MomentumSettings
-            self.server_momentum = self.settings.server_momentum
+        self.server_momentum = self.settings.server_momentum  # in [0, 1): methods/base.py MomentumSettings
 
     def aggregate_arrays(self, server_round: int, replies: list[Message],
                          arrays: list[dict[str, np.ndarray]], weights: list[float]) -> dict[str, np.ndarray]:

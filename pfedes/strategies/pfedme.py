@@ -18,9 +18,7 @@ class PFedMe(PersonalizedStrategy):
 
     def __init__(self, cfg) -> None:
         super().__init__(cfg)
-        self.beta = float(cfg["strategy"]["beta"])
-        if not 0.0 < self.beta <= 2.0:
-            raise ValueError(f"strategy.beta {self.beta} is outside (0, 2]")
+        self.beta = self.settings.beta  # in (0, 2]: methods/pfedme.py
 
     def aggregate_arrays(self, server_round: int, replies: list[Message],
                          arrays: list[dict[str, np.ndarray]], weights: list[float]) -> dict[str, np.ndarray]:

@@ -22,11 +22,9 @@ from .personal import PersonalModelTrainer
 class APFLTrainer(PersonalModelTrainer):
     def build_extra_modules(self) -> None:
         super().build_extra_modules()
-        s = self.cfg["strategy"]
-        alpha = float(s["alpha_init"])
-        if not 0.0 <= alpha <= 1.0:
-            raise ValueError(f"strategy.alpha_init must be in [0, 1], got {alpha}")
-        self.alpha_lr = float(self.cfg["train"]["lr"]) if s.get("alpha_lr") is None else float(s["alpha_lr"])
+        s = self.settings  # checked: methods/apfl.py
+        alpha = s.alpha_init
+        self.alpha_lr = float(self.cfg["train"]["lr"]) if s.alpha_lr is None else s.alpha_lr
         self.personal.register_buffer("alpha", torch.tensor(alpha))
 
     def mixed_logits(self, x: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:

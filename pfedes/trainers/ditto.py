@@ -18,9 +18,7 @@ from .personal import PersonalModelTrainer
 class DittoTrainer(PersonalModelTrainer):
     def build_extra_modules(self) -> None:
         super().build_extra_modules()
-        self.lam = float(self.cfg["strategy"]["lam"])
-        if self.lam < 0:
-            raise ValueError(f"strategy.lam must be >= 0, got {self.lam}")
+        self.lam = self.settings.lam  # >= 0: methods/ditto.py
 
     def begin_round(self) -> None:
         super().begin_round()

@@ -16,9 +16,7 @@ from .fedproto import ClassPayloadTrainer
 
 class FDTrainer(ClassPayloadTrainer):
     def build_extra_modules(self) -> None:
-        self.lam = float(self.cfg["strategy"]["lam"])
-        if self.lam < 0:
-            raise ValueError(f"strategy.lam must be >= 0, got {self.lam}")
+        self.lam = self.settings.lam  # >= 0: methods/fd.py
 
     @property
     def payload_dim(self) -> int:

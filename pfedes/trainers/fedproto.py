@@ -77,9 +77,7 @@ class FedProtoTrainer(ClassPayloadTrainer):
     def build_extra_modules(self) -> None:
         self.model = CommonHeadModel(self.model, int(self.cfg["model"]["proxy_dim"]))
         self.exchange = nn.ModuleDict(dict(self.model.named_children()))
-        self.lam = float(self.cfg["strategy"]["lam"])
-        if self.lam < 0:
-            raise ValueError(f"strategy.lam must be >= 0, got {self.lam}")
+        self.lam = self.settings.lam  # >= 0: methods/fedproto.py
 
     @property
     def payload_dim(self) -> int:

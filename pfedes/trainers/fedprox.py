@@ -17,9 +17,7 @@ from .fedavg import FedAvgTrainer
 class FedProxTrainer(FedAvgTrainer):
     def build_extra_modules(self) -> None:
         super().build_extra_modules()
-        self.mu = float(self.cfg["strategy"]["mu"])
-        if self.mu < 0:
-            raise ValueError(f"strategy.mu must be >= 0, got {self.mu}")
+        self.mu = self.settings.mu  # >= 0: methods/fedprox.py
 
     def proximal_parameters(self) -> dict[str, torch.nn.Parameter]:
         shared = set(self.shared_keys)

@@ -34,11 +34,7 @@ class FMLTrainer(Trainer):
         d = int(self.cfg["model"]["proxy_dim"])
         self.meme = nn.Sequential(ProxyExtractor(d), nn.Linear(d, self.model.head.out_features))
         self.exchange["proxy"] = self.meme
-        s = self.cfg["strategy"]
-        self.alpha, self.beta = float(s["alpha"]), float(s["beta"])
-        for name, value in (("alpha", self.alpha), ("beta", self.beta)):
-            if not 0.0 <= value <= 1.0:
-                raise ValueError(f"strategy.{name} must be in [0, 1], got {value}")
+        self.alpha, self.beta = self.settings.alpha, self.settings.beta  # in [0, 1]: methods/fml.py
 
     def begin_round(self) -> None:
         # The meme is replaced by the server's each round: its optimizer starts fresh too.

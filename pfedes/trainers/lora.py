@@ -41,15 +41,15 @@ def load_base_checkpoint(model: torch.nn.Module, path: str) -> None:
 
 class LoRATrainer(FedAvgTrainer):
     def build_extra_modules(self) -> None:
-        s, model_cfg = self.cfg["strategy"], self.cfg["model"]
+        s, model_cfg = self.settings, self.cfg["model"]  # checked: methods/lora.py
         torch.manual_seed(int(self.cfg["seed"]))  # the same base on every client
         self.model = build_client_model(self.arch, self.model.head.out_features,
                                         model_cfg["proxy_dim"], model_cfg["feature_dim"])
-        if s.get("base_checkpoint"):
-            load_base_checkpoint(self.model, str(s["base_checkpoint"]))
+        if s.base_checkpoint:
+            load_base_checkpoint(self.model, s.base_checkpoint)
         del self.model.projection
         self.exchange = torch.nn.ModuleDict(dict(self.model.named_children()))
-        attach_lora(self.exchange, int(s["rank"]), float(s["alpha"]), conv=bool(s["conv"]))
+        attach_lora(self.exchange, s.rank, s.alpha, conv=s.conv)
 
     def trainable_parameters(self):
         return [p for p in self.exchange.parameters() if p.requires_grad]

@@ -19,10 +19,8 @@ from .fedavg import FedAvgTrainer
 class PerFedAvgTrainer(FedAvgTrainer):
     def build_extra_modules(self) -> None:
         super().build_extra_modules()
-        s = self.cfg["strategy"]
-        self.inner_lr = float(self.cfg["train"]["lr"]) if s.get("inner_lr") is None else float(s["inner_lr"])
-        if self.inner_lr <= 0:
-            raise ValueError(f"strategy.inner_lr must be > 0, got {self.inner_lr}")
+        inner_lr = self.settings.inner_lr  # > 0 when set: methods/perfedavg.py
+        self.inner_lr = float(self.cfg["train"]["lr"]) if inner_lr is None else inner_lr
 
     def inner_step(self, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
         """model <- model - inner_lr * grad CE(model; x, y), plain gradient descent."""

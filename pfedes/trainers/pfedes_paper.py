@@ -26,15 +26,8 @@ class PFedESPaperTrainer(Trainer):
     def build_extra_modules(self) -> None:
         self.generator = ConvGenerator()
         self.exchange["proxy"] = self.generator
-        s = self.cfg["strategy"]
-        self.mu, self.generator_epochs = float(s["mu"]), int(s["generator_epochs"])
-        self.grad_clip = float(s["grad_clip"])
-        if not 0.0 < self.mu <= 1.0:
-            raise ValueError(f"strategy.mu must be in (0, 1], got {self.mu}")
-        if self.generator_epochs < 1:
-            raise ValueError(f"strategy.generator_epochs must be >= 1, got {self.generator_epochs}")
-        if self.grad_clip <= 0:
-            raise ValueError(f"strategy.grad_clip must be > 0, got {self.grad_clip}")
+        s = self.settings  # checked: methods/pfedes_paper.py
+        self.mu, self.generator_epochs, self.grad_clip = s.mu, s.generator_epochs, s.grad_clip
 
     def begin_round(self) -> None:
         # G is replaced by the server's each round: its optimizer starts fresh too.

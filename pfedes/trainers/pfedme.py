@@ -22,13 +22,10 @@ from .fedavg import FedAvgTrainer
 class PFedMeTrainer(FedAvgTrainer):
     def build_extra_modules(self) -> None:
         super().build_extra_modules()
-        s = self.cfg["strategy"]
-        self.lam, self.inner_steps = float(s["lam"]), int(s["inner_steps"])
-        if self.lam <= 0 or self.inner_steps < 1:
-            raise ValueError(f"pFedMe needs strategy.lam > 0 and strategy.inner_steps >= 1, "
-                             f"got {self.lam} and {self.inner_steps}")
+        s = self.settings  # checked: methods/pfedme.py
+        self.lam, self.inner_steps = s.lam, s.inner_steps
         self.lr = float(self.cfg["train"]["lr"])
-        self.personal_lr = self.lr if s.get("personal_lr") is None else float(s["personal_lr"])
+        self.personal_lr = self.lr if s.personal_lr is None else s.personal_lr
         personal = copy.deepcopy(self.model)
         self.private["personal"] = self.personal = personal
 
