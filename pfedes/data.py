@@ -19,8 +19,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
 EMBEDDED = "embedded"
 CIFAR_MEAN = torch.tensor([0.4914, 0.4822, 0.4465]).view(1, 3, 1, 1)
 CIFAR_STD = torch.tensor([0.2470, 0.2435, 0.2616]).view(1, 3, 1, 1)
@@ -84,9 +82,16 @@ def resolve_data_dir(path: str) -> Path:
     return directory.resolve()
 
 
+def _offline_hub() -> None:
+    """Keep Hugging Face's libraries off the network (the data is local Parquet): set before they
+    are first imported, which reads it, unless the user has set it."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
 @functools.lru_cache(maxsize=4)
 def load_split(path: str, split: str):
     """The `split` ("train" or "test") table of a data directory as a datasets.Dataset (in memory)."""
+    _offline_hub()
     import datasets
     import pyarrow.parquet as pq
 
@@ -110,6 +115,7 @@ def num_classes_of(dataset) -> int:
 
 def make_partitioner(partition: str, num_partitions: int, seed: int, classes_per_client: int = 2,
                      alpha: float = 0.3):
+    _offline_hub()
     from flwr_datasets.partitioner import DirichletPartitioner, IidPartitioner, PathologicalPartitioner
 
     if partition == "iid":

@@ -149,7 +149,7 @@ def test_a_bad_value_is_one_line_naming_the_key(preset, override, message):
 def test_a_bad_method_setting_stops_pfedes_sim_before_anything_starts(tmp_path):
     result = subprocess.run([sys.executable, "-c", "from pfedes.sim import main; main()", "strategy=pfedes",
                              "strategy.lam=-1", f"out_dir={tmp_path}/out"],
-                            capture_output=True, text=True, timeout=120)
+                            capture_output=True, text=True, timeout=600)  # a guard against a hang only
     assert result.returncode != 0
     assert result.stderr.strip().splitlines() == ["pfedes-sim: strategy.lam must be >= 0, got -1"]
     assert result.stdout.strip() == ""  # no simulation started: Flower and Ray log there
@@ -186,3 +186,29 @@ def test_a_config_saved_before_the_registry_is_the_method_it_names(preset, tmp_p
     other = saved_before_the_registry(preset, share=["all"])  # another filter: another run
     assert with_registered_method(other) is other
     assert with_later_settings(other, cfg)["strategy"] != cfg["strategy"]
+
+
+# -- no side effects at import time or in a constructor ----------------------------------------
+def test_importing_the_package_leaves_the_environment_alone():
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}
+    code = ("import os, pfedes.data, pfedes.client_app, pfedes.server_app; "
+            "print(os.environ.get('HF_HUB_OFFLINE'))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+    assert result.stdout.strip() == "None", result.stderr
+
+
+def test_a_trainer_leaves_torchs_global_generator_as_it_found_it():
+    import torch
+
+    cfg = experiment_config(["strategy=pfedes"])
+    method = method_of(cfg)
+    torch.manual_seed(123)
+    before = torch.random.get_rng_state()
+    a = method.trainer(cfg, "cnn3", 10, seed=7)
+    assert torch.equal(torch.random.get_rng_state(), before)
+    torch.randn(100)  # the global generator elsewhere does not change what a seed builds
+    b = method.trainer(cfg, "cnn3", 10, seed=7)
+    state_a, state_b = a.exchange.state_dict(), b.exchange.state_dict()
+    assert all(torch.equal(state_a[k], state_b[k]) for k in state_a)

@@ -6,10 +6,11 @@ Settings are frozen dataclasses built from the run's `strategy` section (a prese
 conf/strategy/ chooses the method with `method:` and sets values). Why `dataclasses` and not
 pydantic: it is in the standard library (no new dependency for a client device), the objects are
 frozen (a trainer cannot change its settings halfway through a run), and `__post_init__` checks
-every value once, naming its key: `strategy.lam must be >= 0, got -1`. A preset key the settings
-class does not declare, a missing required key, a value of the wrong type, and a value out of
-range all raise `ConfigError` with one line, when the configuration is composed
-(config.validate), before Ray, the SuperLink or any client starts.
+every value where the object is built, naming its key: `strategy.lam must be >= 0, got -1`. A
+preset key the settings class does not declare, a missing required key, a value of the wrong type,
+and a value out of range all raise `ConfigError` with one line when the configuration is composed
+(config.validate), before Ray, the SuperLink or any client starts; a client builds the same
+object from the configuration in its message, and the strategy from the server's.
 """
 
 from __future__ import annotations

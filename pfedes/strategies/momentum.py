@@ -1,5 +1,5 @@
 """Server momentum, a piece a strategy composes (pFedES, FML, LG-FedAvg and pFedES's paper form,
-whose presets set `strategy.server_momentum`):
+whose settings classes extend `methods.base.MomentumSettings`: `strategy.server_momentum`):
 
     new = beta * old + (1 - beta) * aggregate
 

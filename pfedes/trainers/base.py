@@ -44,15 +44,18 @@ class Trainer:
         method = method_of(cfg)
         # The method's typed settings (methods/), checked: a subclass reads self.settings.KEY.
         self.settings = method.settings_from(cfg)
-        torch.manual_seed(seed)
-        model_cfg = cfg["model"]
-        self.model = build_client_model(arch, num_classes, model_cfg["proxy_dim"],
-                                        model_cfg["feature_dim"])
-        self.exchange = nn.ModuleDict(dict(self.model.named_children()))
-        # Method modules that never leave the client (a personal model): persisted with the
-        # trainer, switched between train and eval mode with the model, never filtered.
-        self.private = nn.ModuleDict()
-        self.build_extra_modules()
+        # The models are initialised from `seed` on a fork of torch's global generator, which
+        # this constructor leaves as it found it (training draws from explicit generators).
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model_cfg = cfg["model"]
+            self.model = build_client_model(arch, num_classes, model_cfg["proxy_dim"],
+                                            model_cfg["feature_dim"])
+            self.exchange = nn.ModuleDict(dict(self.model.named_children()))
+            # Method modules that never leave the client (a personal model): persisted with the
+            # trainer, switched between train and eval mode with the model, never filtered.
+            self.private = nn.ModuleDict()
+            self.build_extra_modules()
         self.share_spec = list(method.share)
         self._shared_keys = shared_keys(self.exchange, self.share_spec)
         self.optimizer = self.local_sgd(self.trainable_parameters())
