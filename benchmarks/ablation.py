@@ -6,7 +6,7 @@ The default, Local-only and the whole-method controls come from the reference ta
 (`benchmarks/results/hetero_dirichlet_val`); each other row is a `pfedes-bench` run of the
 default with one setting changed:
 
-    for row in proxy_head=private predict_with=local proxy_epochs=0 proxy_norm=none; do
+    for row in proxy_head=private proxy_epochs=0 predict_with=local proxy_norm=none; do
       pfedes-bench strategies=[pfedes] strategy.$row seeds=[0,1,2] data.partition=dirichlet \\
         data.alpha=0.3 num_clients=10 num_rounds=60 data.path=../shared/data/cifar10 \\
         data.samples_per_client=500 data.val_fraction=0.15 out_dir=benchmarks/results/ablation/${row/=/_}
@@ -41,6 +41,8 @@ ROWS = [
     ("no extra proxy passes", "proxy_epochs=0 (the default takes 5)", RESULTS / "ablation" / "proxy_epochs_0", "pfedes"),
     ("no normalisation in the proxy", "proxy_norm=none (the default: GroupNorm)",
      RESULTS / "ablation" / "proxy_norm_none", "pfedes"),
+    ("previous default", "`pfedes_ensemble`: private head G_k, the proxy as trained here, 3 extra passes",
+     REFERENCE, "pfedes_ensemble"),
     ("seed form", "`pfedes_seed`: MSE alignment, no proxy in the prediction, proxy lr 0.1x, beta 0.5",
      REFERENCE, "pfedes_seed"),
 ]
