@@ -194,8 +194,11 @@ def validate(cfg: dict[str, Any]) -> None:
 def with_later_settings(saved: dict[str, Any], wanted: dict[str, Any]) -> dict[str, Any]:
     """A run's saved config with the settings added to conf/ since it ran, at their defaults (its
     strategy's preset): a run from before a setting existed ran as its default does."""
-    missing = [k for k in wanted if k not in saved]
-    if not missing and all(k in saved.get("strategy", {}) for k in wanted.get("strategy", {})):
+    def complete(have: dict[str, Any], want: dict[str, Any]) -> bool:
+        return all(k in have and (not isinstance(v, dict) or not isinstance(have[k], dict) or complete(have[k], v))
+                   for k, v in want.items())
+
+    if complete(saved, wanted):
         return saved
     defaults = to_dict(compose([f"strategy={saved.get('strategy', {}).get('name', wanted['strategy']['name'])}"]))
 
