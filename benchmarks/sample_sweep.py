@@ -71,11 +71,14 @@ def plot(sweep: dict[int, dict[str, dict]], sizes: list[int], path: Path) -> Non
     for i, name in enumerate(names):
         xs = [n for n in sizes if name in sweep[n]]
         gains = [sweep[n][name]["gain_vs_local"] for n in xs]
+        every_size = xs == sizes  # a line only where no size is missing: none drawn across a gap
         ax.errorbar(xs, [100 * g["mean"] for g in gains], yerr=[100 * (g["std"] or 0.0) for g in gains],
-                    marker="o", capsize=3, label=name, color=f"C{i}")
+                    marker="o", capsize=3, color=f"C{i}", linestyle="-" if every_size else "none",
+                    label=name if every_size else f"{name} (not run at every size)")
     ax.axhline(0.0, color="black", linewidth=0.8)
     ax.set_xscale("log")
     ax.set_xticks(sizes, [str(n) for n in sizes])
+    ax.minorticks_off()
     ax.set_xlabel("samples per client (before the train / validation / test split)")
     ax.set_ylabel("gain over Local-only (points, ± std over seeds)")
     ax.grid(alpha=0.3)
