@@ -336,7 +336,7 @@ def score(recon: torch.Tensor, truth: torch.Tensor, flips: bool = False) -> dict
         peak_signal_noise_ratio(r.expand_as(v), v, data_range=1.0, reduction="none", dim=(1, 2, 3))
         for r in recon]) for v in views])  # views x recon x truth
     best_psnr, view = psnr.max(0)
-    rows, cols = linear_sum_assignment(-best_psnr.numpy())
+    rows, cols = linear_sum_assignment(-best_psnr.nan_to_num(posinf=1e3).numpy())  # identical: inf
     matched = torch.stack([views[int(view[r, c])][c] for r, c in zip(rows, cols)])
     ssim = structural_similarity_index_measure(recon[rows], matched, data_range=1.0, reduction="none")
     return {"psnr": best_psnr[rows, cols], "ssim": ssim, "order": torch.as_tensor(rows),
@@ -549,26 +549,33 @@ def main(argv: list[str] | None = None) -> dict:
             for b in (args.batches if case == "one_step" else [args.epoch_dummies])]
     rows = []
     start = time.perf_counter()
+    command = " ".join(["python", "benchmarks/leakage.py", *(sys.argv[1:] if argv is None else argv)])
     for i, (method, case, batch, seed) in enumerate(plan, 1):
         row = attack_row(method, case, batch, seed, args, stats)
         rows.append(row)
+        result = write_outputs(out, command, args, rows, start, complete=i == len(plan))
         print(f"[{i}/{len(plan)} {time.perf_counter() - start:5.0f}s] {method.name:16s} {case:11s} "
               f"B={row['batch']!s:9s} seed {seed}: PSNR {row['psnr']:5.2f} dB (flat {row['psnr_flat']:5.2f}) "
               f"SSIM {row['ssim']:.3f} (flat {row['ssim_flat']:.3f})  cost {row['matching_cost']:.3f}  "
               f"{row['attack_seconds']:.0f}s", flush=True)
+    print_table(result["table"], ["method", "case", "batch", "seeds", "images", "psnr", "ssim", "psnr_flat",
+                                  "ssim_flat", "shared_entries", "noise_to_update"])
+    print(f"wrote {out / 'leakage.json'}, {out / 'leakage.csv'}, {out / 'reconstructions.png'}")
+    return result
+
+
+def write_outputs(out: Path, command: str, args, rows: list[dict], start: float, complete: bool) -> dict:
+    """The JSON, CSV and PNG of the rows so far (after every row: a run stopped early keeps
+    what it measured; `complete` says whether it is the whole plan)."""
     table = summarise(rows)
-    print_table(table, ["method", "case", "batch", "seeds", "images", "psnr", "ssim", "psnr_flat",
-                        "ssim_flat", "shared_entries", "noise_to_update"])
-    command = " ".join(["python", "benchmarks/leakage.py", *(sys.argv[1:] if argv is None else argv)])
     settings = {k: v for k, v in vars(args).items() if k not in ("out",)}
-    result = {"command": command, "settings": settings, "table": table,
+    result = {"command": command, "complete": complete, "settings": settings, "table": table,
               "not_attacked": [{"method": "pfedes_paper", "reason": PAPER_FORM_REASON}],
               "rows": [{k: v for k, v in r.items() if not k.startswith("_")} for r in rows],
               "seconds": time.perf_counter() - start}
-    path = out / "leakage.json"
-    path.write_text(json.dumps({"benchmark": "leakage", "when": time.strftime("%Y-%m-%dT%H:%M:%S"),
-                                "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
-                                **result}, indent=2))
+    (out / "leakage.json").write_text(json.dumps(
+        {"benchmark": "leakage", "when": time.strftime("%Y-%m-%dT%H:%M:%S"),
+         "machine": {"cpus": os.cpu_count(), "python": platform.python_version()}, **result}, indent=2))
     with open(out / "leakage.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for r in table for k in r)))
         writer.writeheader()
@@ -576,7 +583,6 @@ def main(argv: list[str] | None = None) -> dict:
     grid(rows, out / "reconstructions.png",
          f"Gradient inversion of one client's payload in the server's position (seed {min(args.seeds)}; "
          f"PSNR: mean over the row). {command}")
-    print(f"wrote {path}, {out / 'leakage.csv'}, {out / 'reconstructions.png'}")
     return result
 
 
