@@ -12,7 +12,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-pytest.importorskip("torchmetrics", reason="the leakage benchmark scores with torchmetrics: pip install -e '.[leakage]'")
+pytest.importorskip("torchmetrics",
+                    reason="the leakage benchmark scores with torchmetrics: pip install -e '.[leakage]'")
 pytest.importorskip("scipy", reason="the leakage benchmark matches images with scipy: pip install -e '.[leakage]'")
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
@@ -65,12 +66,15 @@ def test_scores_are_torchmetrics_psnr_and_ssim_of_the_best_match(small_data):
     from torchmetrics.functional.image import peak_signal_noise_ratio, structural_similarity_index_measure
 
     truth = small_data.x_train[:3].float() / 255
-    recon = (truth[[2, 0, 1]] + 0.05 * torch.randn(3, 3, 32, 32, generator=torch.Generator().manual_seed(0))).clamp(0, 1)
+    noise = 0.05 * torch.randn(3, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    recon = (truth[[2, 0, 1]] + noise).clamp(0, 1)
     s = leakage.score(recon, truth)
     assert s["order"].tolist() == [0, 1, 2] and s["truth_index"].tolist() == [2, 0, 1]
     for i, j in enumerate([2, 0, 1]):
-        assert float(s["psnr"][i]) == pytest.approx(float(peak_signal_noise_ratio(recon[i:i + 1], truth[j:j + 1], data_range=1.0)), abs=1e-4)
-        assert float(s["ssim"][i]) == pytest.approx(float(structural_similarity_index_measure(recon[i:i + 1], truth[j:j + 1], data_range=1.0)), abs=1e-5)
+        pair = (recon[i:i + 1], truth[j:j + 1])
+        assert float(s["psnr"][i]) == pytest.approx(float(peak_signal_noise_ratio(*pair, data_range=1.0)), abs=1e-4)
+        assert float(s["ssim"][i]) == pytest.approx(
+            float(structural_similarity_index_measure(*pair, data_range=1.0)), abs=1e-5)
     mirrored = leakage.score(truth.flip(3), truth, flips=True)  # augmentation flips: matched as mirrored
     assert mirrored["psnr"].min() > 60 and torch.allclose(mirrored["matched"], truth.flip(3))
 
