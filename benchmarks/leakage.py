@@ -499,9 +499,9 @@ def grid(rows: list[dict], path: Path, title: str) -> None:
         for j in range(columns + 1):
             axes[i][j].axis("off")
         for j, image in enumerate(images):
-            axes[i][j + 1].imshow(image.permute(1, 2, 0).numpy())
+            axes[i][j + 1].imshow(image.permute(1, 2, 0).numpy(), interpolation="nearest")
     fig.suptitle("\n".join(textwrap.wrap(title, 60 + 12 * columns)), fontsize=7)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.5 / len(lines)))  # room for the title
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
