@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import platform
 import time
 from pathlib import Path
+
+import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -73,3 +76,27 @@ def rss_tree_bytes(pid: int) -> int:
             pass
         stack.extend(children.get(p, []))
     return total
+
+
+def read_bench(directory: Path, samples: int | None = None) -> dict[str, dict[int, float]]:
+    """{strategy: {seed: personalized accuracy}} of the finished runs in a pfedes-bench directory
+    (its results.csv); with `samples`, the runs must have been made with that many per client."""
+    rows = [r for r in csv.DictReader((directory / "results.csv").open()) if r["status"] == "ok"]
+    if not rows:
+        raise SystemExit(f"no finished run in {directory}")
+    for r in rows:
+        summary = directory / r["strategy"] / f"seed{r['seed']}" / "summary.json"
+        if samples is not None and summary.is_file():
+            made = int(json.loads(summary.read_text())["config"]["data"]["samples_per_client"])
+            if made != samples:
+                raise SystemExit(f"{directory} was made with {made} samples per client, not {samples}")
+    out: dict[str, dict[int, float]] = {}
+    for r in rows:
+        out.setdefault(r["strategy"], {})[int(r["seed"])] = float(r["acc_mean_last"])
+    return out
+
+
+def stat(values: list[float]) -> dict[str, float | None]:
+    """Mean, sample standard deviation (None for one value) and count."""
+    return {"mean": float(np.mean(values)), "std": float(np.std(values, ddof=1)) if len(values) > 1 else None,
+            "n": len(values)}

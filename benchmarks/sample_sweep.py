@@ -17,39 +17,13 @@ against the runs' summary.json).
 from __future__ import annotations
 
 import argparse
-import csv
-import json
 import sys
 from pathlib import Path
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS, write_result  # noqa: E402
+from _common import RESULTS, read_bench, stat, write_result  # noqa: E402
 
 LOCAL = "local"
-
-
-def read_bench(directory: Path, samples: int) -> dict[str, dict[int, float]]:
-    """{strategy: {seed: personalized accuracy}} of the finished runs in a bench directory."""
-    rows = [r for r in csv.DictReader((directory / "results.csv").open()) if r["status"] == "ok"]
-    if not rows:
-        raise SystemExit(f"sample_sweep: no finished run in {directory}")
-    for r in rows:
-        summary = directory / r["strategy"] / f"seed{r['seed']}" / "summary.json"
-        if summary.is_file():
-            made = int(json.loads(summary.read_text())["config"]["data"]["samples_per_client"])
-            if made != samples:
-                raise SystemExit(f"sample_sweep: {directory} was made with {made} samples per client, not {samples}")
-    out: dict[str, dict[int, float]] = {}
-    for r in rows:
-        out.setdefault(r["strategy"], {})[int(r["seed"])] = float(r["acc_mean_last"])
-    return out
-
-
-def stat(values: list[float]) -> dict[str, float | None]:
-    return {"mean": float(np.mean(values)), "std": float(np.std(values, ddof=1)) if len(values) > 1 else None,
-            "n": len(values)}
 
 
 def sweep_of(benches: list[str]) -> dict[int, dict[str, dict]]:
@@ -57,7 +31,7 @@ def sweep_of(benches: list[str]) -> dict[int, dict[str, dict]]:
     sweep: dict[int, dict[str, dict]] = {}
     for item in benches:
         size, _, directory = item.partition("=")
-        accs = read_bench(Path(directory), int(size))
+        accs = read_bench(Path(directory), samples=int(size))
         if LOCAL not in accs:
             raise SystemExit(f"sample_sweep: {directory} has no Local-only run to measure gains against")
         sweep[int(size)] = {
@@ -97,11 +71,14 @@ def plot(sweep: dict[int, dict[str, dict]], sizes: list[int], path: Path) -> Non
     for i, name in enumerate(names):
         xs = [n for n in sizes if name in sweep[n]]
         gains = [sweep[n][name]["gain_vs_local"] for n in xs]
+        every_size = xs == sizes  # a line only where no size is missing: none drawn across a gap
         ax.errorbar(xs, [100 * g["mean"] for g in gains], yerr=[100 * (g["std"] or 0.0) for g in gains],
-                    marker="o", capsize=3, label=name, color=f"C{i}")
+                    marker="o", capsize=3, color=f"C{i}", linestyle="-" if every_size else "none",
+                    label=name if every_size else f"{name} (not run at every size)")
     ax.axhline(0.0, color="black", linewidth=0.8)
     ax.set_xscale("log")
     ax.set_xticks(sizes, [str(n) for n in sizes])
+    ax.minorticks_off()
     ax.set_xlabel("samples per client (before the train / validation / test split)")
     ax.set_ylabel("gain over Local-only (points, ± std over seeds)")
     ax.grid(alpha=0.3)

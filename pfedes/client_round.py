@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from .contribution import client_report
 from .data import ClientData, load_client_data
 
 
@@ -37,8 +38,11 @@ def train_round(trainer, arrays: dict[str, torch.Tensor], data: ClientData, cfg:
                                               + server_round)
     metrics = trainer.fit(data, generator)
     metrics["num-examples"] = data.num_train
-    if (cfg.get("aggregation") or {}).get("weighting") == "val_score":  # what the server weighs this reply by
+    weighting = (cfg.get("aggregation") or {}).get("weighting")  # what the server weighs this reply by
+    if weighting == "val_score":
         metrics["val_score"] = trainer.accuracy(data.x_val, data.y_val, trainer.predict)["accuracy"]
+    elif weighting == "quality":
+        metrics.update(client_report(trainer, data.x_train, data.y_train, data.num_classes))
     return trainer.shared_state(), metrics
 
 

@@ -226,8 +226,12 @@ def with_later_settings(saved: dict[str, Any], wanted: dict[str, Any]) -> dict[s
     strategy's preset): a run from before a setting existed ran as its default does. A config
     from before methods were registered names its method as they do (`with_registered_method`)."""
     saved = with_registered_method(saved)
-    missing = [k for k in wanted if k not in saved]
-    if not missing and all(k in saved.get("strategy", {}) for k in wanted.get("strategy", {})):
+
+    def complete(have: dict[str, Any], want: dict[str, Any]) -> bool:
+        return all(k in have and (not isinstance(v, dict) or not isinstance(have[k], dict) or complete(have[k], v))
+                   for k, v in want.items())
+
+    if complete(saved, wanted):
         return saved
     defaults = to_dict(compose([f"strategy={saved.get('strategy', {}).get('name', wanted['strategy']['name'])}"]))
 

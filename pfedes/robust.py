@@ -13,10 +13,11 @@ the server combines them before its server momentum.
   - `krum` / `multikrum`: the replies Flower's `multikrum.select_multikrum` picks, tolerating
     `num_malicious` attackers (one reply for krum; n - f for multikrum), then their weighted average.
   The robust rules are unweighted, as Flower's are. Integer entries (counters) are rounded back.
-- Contribution weighting (`weighting`): `samples` (the default) or `val_score`, a softmax over
+- Contribution weighting (`weighting`): `samples` (the default); `val_score`, a softmax over
   the validation accuracy each client reports with its train reply (its personal model on its
   validation split after training; untrusted: a missing or non-finite score drops the reply, a
-  score outside [0, 1] is clipped) at `temperature`.
+  score outside [0, 1] is clipped) at `temperature`; or `quality`, the FQI/DLI blend of
+  pfedes/contribution.py, which decides the share `quality_blend` of the weight.
 - Two-tier aggregation (`groups`: `device` or `arch`): the rule inside each group of replies
   first, then the groups' results averaged with `group_weighting` `equal` (a few GPU hosts weigh
   as much as many phones) or `samples` (with the mean rule, the same as no groups).
@@ -40,12 +41,13 @@ from flwr.app import Array, ArrayRecord, RecordDict
 from flwr.serverapp.strategy.fedtrimmedavg import trim_mean
 from flwr.serverapp.strategy.multikrum import select_multikrum
 
+from .contribution import quality_weights
 from .settings import Section
 
 RULES = ("mean", "trimmed_mean", "median", "krum", "multikrum")
 GROUPS = ("none", "device", "arch")  # two-tier aggregation: by device profile, or by architecture
 GROUP_WEIGHTING = ("equal", "samples")
-WEIGHTINGS = ("samples", "val_score")  # what each reply weighs in the mean: its samples, or softmax(score / T)
+WEIGHTINGS = ("samples", "val_score", "quality")  # each reply's weight: its samples, softmax(score / T), FQI/DLI
 SCORE_KEY = "val_score"  # the train reply's metric behind `val_score` weighting (untrusted: clipped to [0, 1])
 MIN_REPLIES_FOR_NORM_CHECK = 3
 
@@ -60,6 +62,7 @@ class Robustness:
     group_weighting: str = "equal"
     weighting: str = "samples"
     temperature: float = 0.1
+    quality_blend: float = 0.5
 
     @classmethod
     def from_cfg(cls, cfg: Mapping[str, Any]) -> Robustness:
@@ -73,14 +76,18 @@ class Robustness:
                    a.integer("num_malicious", 0, 0),
                    a.number("norm_threshold", 10.0, "0 (off) or > 1", lambda v: v == 0 or v > 1),
                    a.choice("groups", "none", GROUPS), a.choice("group_weighting", "equal", GROUP_WEIGHTING),
-                   weighting, a.number("temperature", 0.1, "> 0", lambda v: v > 0))
+                   weighting, a.number("temperature", 0.1, "> 0", lambda v: v > 0),
+                   a.number("quality_blend", 0.5, "in [0, 1]", lambda v: 0 <= v <= 1))
 
     # -- what each reply weighs ---------------------------------------------------------------
     def reply_weights(self, metrics: list[Mapping[str, Any]], samples: list[float]) -> list[float]:
         """The weights of the accepted replies in the mean: their samples, or (`val_score`) a
-        softmax over their reported validation scores, clipped to [0, 1], at `temperature`."""
+        softmax over their reported validation scores, clipped to [0, 1], at `temperature`, or
+        (`quality`) the FQI/DLI blend."""
         if self.weighting == "samples":
             return samples
+        if self.weighting == "quality":
+            return quality_weights(samples, metrics, self.quality_blend)
         scores = np.clip([float(m[SCORE_KEY]) for m in metrics], 0.0, 1.0) / self.temperature
         weights = np.exp(scores - scores.max())
         return list(weights / weights.sum())

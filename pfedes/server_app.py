@@ -90,6 +90,9 @@ def check_method_settings(cfg: dict[str, Any]) -> None:
         if Robustness.from_cfg(cfg).weighting != "samples":
             raise ConfigError(f"aggregation.weighting: strategy '{name}' averages per class by sample counts; "
                               "only aggregation.weighting=samples applies to it")
+    if Robustness.from_cfg(cfg).weighting == "quality" and not trainer_cls.shares_feature_extractor:
+        raise ConfigError(f"aggregation.weighting=quality: strategy '{cfg['strategy']['name']}' shares no feature "
+                          "extractor to measure feature quality in (pfedes and fml do)")
     num_classes = num_classes_of(load_split(cfg["data"]["path"], "train"))
     per_client = int(cfg["data"]["classes_per_client"])
     if cfg["data"]["partition"] == "pathological" and not 1 <= per_client <= num_classes:
@@ -171,6 +174,7 @@ def run_experiment(grid: Grid, cfg: dict[str, Any]) -> dict[str, Any]:
                           f"but clients.devices maps to {sorted(set(archs))}: set e.g. clients.devices=[phone]")
     initial = trainer_cls.initial_shared(cfg, archs[0], num_classes)
     strategy = strategy_cls(cfg)
+    strategy.num_classes = num_classes
     checkpoint_path = out_dir / CHECKPOINT
     done, previous_rounds = 0, None
     # Clients keep their private state only within one run: a fresh run gets a new token, a

@@ -267,3 +267,19 @@ def test_sample_sweep_pairs_each_size_s_gains_with_local_only_by_seed(tmp_path):
     assert sweep[500]["pfedes"]["gain_vs_local"]["mean"] == pytest.approx(0.01)
     assert sweep[100]["local"]["accuracy"]["mean"] == pytest.approx(0.45)
     assert sweep[500]["local"]["gain_vs_local"] is None
+
+
+def test_ablation_reads_only_runs_that_reached_the_reference_rounds_and_pairs_by_seed(tmp_path):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from ablation import ROUNDS, accuracies, paired
+
+    for seed, (rounds, acc) in enumerate([(ROUNDS, 0.70), (ROUNDS, 0.64), (ROUNDS - 20, 0.9)]):
+        run = tmp_path / "pfedes" / f"seed{seed}"
+        run.mkdir(parents=True)
+        (run / "summary.json").write_text(json.dumps(
+            {"rounds": rounds, "acc_mean_last5": acc, "acc_worst_last5": acc - 0.1}))
+    runs = accuracies(tmp_path, "pfedes")
+    assert sorted(runs) == [0, 1]  # seed 2 stopped early: left out
+    gain = paired({s: v["acc"] for s, v in runs.items()}, {0: 0.6, 1: 0.6, 2: 0.1})
+    assert gain["mean"] == pytest.approx(0.07) and gain["by_seed"] == {0: pytest.approx(0.1), 1: pytest.approx(0.04)}
+    assert paired({0: 0.5}, {1: 0.5}) is None

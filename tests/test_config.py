@@ -104,3 +104,24 @@ def test_the_bench_says_which_settings_each_profile_used():
 def test_a_bad_device_setting_is_one_line_naming_it(override, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
         experiment_config([override])
+
+
+def test_a_saved_config_gets_the_settings_added_since_at_their_defaults_in_every_section():
+    import copy
+
+    from pfedes.config import with_later_settings
+
+    wanted = experiment_config(["strategy=pfedes", "num_rounds=7"])
+    saved = copy.deepcopy(wanted)
+    del saved["aggregation"]["quality_blend"]  # a setting added inside a section after the run
+    del saved["strategy"]["proxy_epochs"]
+    del saved["logging"]
+    saved["num_rounds"] = 3  # what the run itself chose is kept
+    filled = with_later_settings(saved, wanted)
+    assert filled["aggregation"]["quality_blend"] == wanted["aggregation"]["quality_blend"]
+    assert filled["strategy"]["proxy_epochs"] == 5 and filled["logging"] == wanted["logging"]
+    assert filled["num_rounds"] == 3
+    assert with_later_settings(wanted, wanted) is wanted
+    only_nested = copy.deepcopy(wanted)  # every section there, one key inside one missing
+    del only_nested["aggregation"]["quality_blend"]
+    assert with_later_settings(only_nested, wanted) == wanted

@@ -188,3 +188,62 @@ def test_a_client_reports_its_validation_score_when_the_server_weighs_by_it():
     assert 0.0 <= metrics["val_score"] <= 1.0
     assert "val_score" not in train_round(build_trainer(make_cfg("strategy=local"), "cnn3", 10, 0), {}, data,
                                           make_cfg("strategy=local"), 0, 1)[1]
+
+
+def quality_reply(node, value, fqi, dist, n=1):
+    return train_reply(node, client(value), n, train_loss=1.0, fqi=fqi, label_dist=dist)
+
+
+def test_quality_weighting_blends_sample_weights_with_fqi_and_dli_on_hand_computed_numbers():
+    from pfedes.contribution import quality_weights
+
+    metrics = [{"fqi": 0.5, "label_dist": [1.0, 0.0]}, {"fqi": 2.0, "label_dist": [0.5, 0.5]}]
+    weights = quality_weights([1.0, 3.0], metrics, blend=0.4)
+    federation = np.array([0.25 + 0.375, 0.375])  # (1 * [1, 0] + 3 * [.5, .5]) / 4
+    kl = [np.log(1.0 / federation[0]), 0.5 * np.log(0.5 / federation[0]) + 0.5 * np.log(0.5 / federation[1])]
+    q = 0.6 * np.array([0.5, 1.0]) + 0.4 * np.exp(-np.array(kl))  # fqi 2.0 is clipped to 1
+    expected = 0.6 * np.array([0.25, 0.75]) + 0.4 * q / q.sum()
+    np.testing.assert_allclose(weights, expected)
+    assert sum(weights) == pytest.approx(1.0)
+    np.testing.assert_allclose(quality_weights([1.0, 3.0], metrics, blend=0.0), [0.25, 0.75])
+
+
+def test_quality_weighting_drops_a_reply_with_a_bad_report(caplog):
+    s = strategy("aggregation.weighting=quality", "aggregation.norm_threshold=0")
+    s.num_classes = 2
+    with caplog.at_level(logging.WARNING):
+        arrays, metrics = s.aggregate_train(1, [
+            quality_reply(1, 1.0, 0.5, [0.5, 0.5]), quality_reply(2, 9.0, float("inf"), [0.5, 0.5]),
+            quality_reply(3, 9.0, 0.5, [0.2, 0.3, 0.5]), quality_reply(4, 9.0, 0.5, [-1.0, 2.0]),
+            train_reply(5, client(9.0), 1, train_loss=1.0)])
+    np.testing.assert_allclose(arrays["w"].numpy(), 1.0)
+    assert "node 2: 'fqi' is inf" in caplog.text and "node 5: 'fqi' is None" in caplog.text
+    assert "node 3: 'label_dist' is not a list of 2" in caplog.text and "node 4: 'label_dist' has a negative" in caplog.text
+    assert "label_dist" not in dict(metrics)  # a report, not a figure the round averages
+
+
+def test_quality_weighting_needs_a_shared_feature_extractor_and_a_blend_in_range():
+    from pfedes.server_app import check_method_settings
+
+    with pytest.raises(ConfigError, match="aggregation.quality_blend must be in \\[0, 1\\], got 1.5"):
+        experiment_config(["aggregation.weighting=quality", "aggregation.quality_blend=1.5"])
+    with pytest.raises(ConfigError, match="aggregation.weighting=quality: strategy 'fedavg' shares no feature"):
+        check_method_settings(make_cfg("strategy=fedavg", "clients.devices=[phone]", "aggregation.weighting=quality"))
+    check_method_settings(make_cfg("strategy=pfedes", "aggregation.weighting=quality"))
+
+
+def test_a_pfedes_client_reports_fqi_and_its_label_distribution_under_quality_weighting():
+    from pfedes.client_round import build_trainer, train_round
+    from pfedes.contribution import feature_quality
+    from pfedes.data import load_client_data
+
+    cfg = make_cfg("strategy=pfedes", "aggregation.weighting=quality")
+    data = load_client_data("embedded", "pathological", 3, 0, 0, 2, 0.3, 120, 0.2)
+    trainer = build_trainer(cfg, "cnn3", 10, 0)
+    _, metrics = train_round(trainer, trainer.shared_state(), data, cfg, 0, 1)
+    assert 0.0 <= metrics["fqi"] <= 1.0
+    counts = np.bincount(data.y_train.numpy(), minlength=10)
+    np.testing.assert_allclose(metrics["label_dist"], counts / counts.sum())
+    # identical features within each class are perfectly compact
+    trainer.shared_features = lambda x: x.float().mean(dim=(2, 3)) * 0 + 1.0
+    assert feature_quality(trainer, data.x_train, data.y_train) == pytest.approx(1.0)

@@ -27,6 +27,7 @@ from flwr.serverapp.strategy.strategy_utils import sample_nodes
 
 from ..compression import Codec, EncodingError
 from ..config import ConfigError
+from ..contribution import report_problem as quality_report_problem
 from ..privacy import Privacy, epsilon_after
 from ..robust import SCORE_KEY, Robustness, update_norm
 from ..selection import ClientHistory, Selection, power_of_choice
@@ -69,7 +70,10 @@ def reply_order(msg: Message) -> tuple[int, int]:
 
 
 def weighted_metrics(records: list[dict[str, float]], weights: list[float]) -> dict[str, float]:
-    keys = set.intersection(*(set(r) for r in records)) - {WEIGHT_KEY}
+    """The weighted mean of each scalar metric every record has (lists, such as a label
+    distribution, are reports for the server, not figures to average)."""
+    keys = {k for k in set.intersection(*(set(r) for r in records)) - {WEIGHT_KEY}
+            if all(isinstance(r[k], (int, float)) for r in records)}
     total = float(sum(weights))
     return {k: sum(r[k] * w for r, w in zip(records, weights)) / total for k in sorted(keys)}
 
@@ -84,6 +88,7 @@ class PersonalizedStrategy(FedAvg):
 
     send_arrays_to_evaluate = False
     averages_arrays = True  # the shared arrays go through `combine` (weighting, robust rules, privacy)
+    num_classes: int | None = None  # the data's classes, set by the ServerApp (checks quality reports)
 
     def __init__(self, cfg: dict[str, Any]) -> None:
         from ..methods import method_of  # methods/ registers the strategies: imported when used
@@ -202,9 +207,11 @@ class PersonalizedStrategy(FedAvg):
         return reply_problem(msg, self.current) or self.score_problem(msg)
 
     def score_problem(self, msg: Message) -> str | None:
-        """With val_score weighting: why the reply's reported score is unusable, or None."""
-        if self.robust.weighting != "val_score" or msg.has_error():
+        """With val_score or quality weighting: why the reply's reported score is unusable, or None."""
+        if self.robust.weighting == "samples" or msg.has_error():
             return None
+        if self.robust.weighting == "quality":
+            return quality_report_problem(msg.content.metric_records[METRICS_KEY], self.num_classes)
         score = msg.content.metric_records[METRICS_KEY].get(SCORE_KEY)
         if isinstance(score, bool) or not isinstance(score, (int, float)) or not math.isfinite(score):
             return f"'{SCORE_KEY}' is {score!r}, not a finite number (aggregation.weighting=val_score)"

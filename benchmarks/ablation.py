@@ -1,0 +1,113 @@
+"""pFedES's ablation: each part of the default turned off on its own, on the reference setting
+(heterogeneous zoo, Dirichlet alpha = 0.3, 10 clients, 500 samples, 60 rounds, validation split
+held out), 3 seeds, paired by seed with Local-only and with the default.
+
+The default, Local-only and the whole-method controls come from the reference table
+(`benchmarks/results/hetero_dirichlet_val`); each other row is a `pfedes-bench` run of the
+default with one setting changed:
+
+    for row in proxy_head=private proxy_epochs=0 predict_with=local proxy_norm=none; do
+      pfedes-bench strategies=[pfedes] strategy.$row seeds=[0,1,2] data.partition=dirichlet \\
+        data.alpha=0.3 num_clients=10 num_rounds=60 data.path=../shared/data/cifar10 \\
+        data.samples_per_client=500 data.val_fraction=0.15 out_dir=benchmarks/results/ablation/${row/=/_}
+    done
+    python benchmarks/ablation.py
+
+writes `benchmarks/results/ablation/ablation.json` and `ablation.md`. A row whose runs are not
+all there is reported with the seeds it has (and says so); a run that did not reach the
+reference's rounds is left out.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import RESULTS, stat  # noqa: E402
+
+REFERENCE = RESULTS / "hetero_dirichlet_val"
+ROUNDS = 60
+SEEDS = (0, 1, 2)
+# (label, what changes against the default, bench directory, strategy)
+ROWS = [
+    ("default (`pfedes`)", "—", REFERENCE, "pfedes"),
+    ("nothing shared", "share: [] (`pfedes_unshared`): each client keeps its own proxy", REFERENCE, "pfedes_unshared"),
+    ("private proxy head", "proxy_head=private: a private head G_k on the proxy instead of the shared, "
+                           "logit-adjusted classifier C", RESULTS / "ablation" / "proxy_head_private", "pfedes"),
+    ("proxy as trained here", "predict_with=local: the prediction uses the proxy after this client's passes, "
+                              "not the one the server sent", RESULTS / "ablation" / "predict_with_local", "pfedes"),
+    ("no extra proxy passes", "proxy_epochs=0 (the default takes 5)", RESULTS / "ablation" / "proxy_epochs_0", "pfedes"),
+    ("no normalisation in the proxy", "proxy_norm=none (the default: GroupNorm)",
+     RESULTS / "ablation" / "proxy_norm_none", "pfedes"),
+    ("previous default", "`pfedes_ensemble`: private head G_k, the proxy as trained here, 3 extra passes",
+     REFERENCE, "pfedes_ensemble"),
+    ("seed form", "`pfedes_seed`: MSE alignment, no proxy in the prediction, proxy lr 0.1x, beta 0.5",
+     REFERENCE, "pfedes_seed"),
+]
+
+
+def accuracies(directory: Path, strategy: str) -> dict[int, dict[str, float]]:
+    """{seed: {"acc", "worst"}} of the runs that finished the reference's rounds."""
+    out = {}
+    for seed in SEEDS:
+        path = directory / strategy / f"seed{seed}" / "summary.json"
+        if not path.is_file():
+            continue
+        summary = json.loads(path.read_text())
+        if int(summary["rounds"]) == ROUNDS:
+            out[seed] = {"acc": summary["acc_mean_last5"], "worst": summary["acc_worst_last5"]}
+    return out
+
+
+def paired(values: dict[int, float], against: dict[int, float]) -> dict | None:
+    common = sorted(set(values) & set(against))
+    if not common:
+        return None
+    diffs = [values[s] - against[s] for s in common]
+    return {**stat(diffs), "by_seed": {s: d for s, d in zip(common, diffs)}}
+
+
+def pct(value: dict | None, sign: bool = False) -> str:
+    if value is None:
+        return "—"
+    std = "" if value["std"] is None else f" ± {100 * value['std']:.1f}"
+    return f"{100 * value['mean']:{'+' if sign else ''}.1f}{std}"
+
+
+def main() -> None:
+    local = {s: v["acc"] for s, v in accuracies(REFERENCE, "local").items()}
+    default = {s: v["acc"] for s, v in accuracies(REFERENCE, "pfedes").items()}
+    rows = []
+    for label, change, directory, strategy in ROWS:
+        runs = accuracies(directory, strategy)
+        acc = {s: v["acc"] for s, v in runs.items()}
+        rows.append({
+            "row": label, "change": change, "runs": f"{directory.relative_to(RESULTS.parents[1])}/{strategy}",
+            "seeds": sorted(runs),
+            "accuracy": stat(list(acc.values())) if acc else None,
+            "worst_client": stat([v["worst"] for v in runs.values()]) if runs else None,
+            "gain_vs_local": paired(acc, local),
+            "vs_default": None if strategy == "pfedes" and directory == REFERENCE else paired(acc, default),
+        })
+    out_dir = RESULTS / "ablation"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    result = {"setting": "heterogeneous zoo, Dirichlet 0.3, 10 clients, 500 samples, 60 rounds, val 0.15",
+              "local_only": stat(list(local.values())), "rows": rows}
+    (out_dir / "ablation.json").write_text(json.dumps(result, indent=2, default=str))
+    lines = ["| row | what changes | acc % | worst client % | gain vs Local-only | vs the default (per seed) | seeds |",
+             "|---|---|---|---|---|---|---|",
+             f"| Local-only | — | {pct(result['local_only'])} | — | — | — | {sorted(local)} |"]
+    for r in rows:
+        by_seed = "" if r["vs_default"] is None else " (" + " / ".join(
+            f"{100 * d:+.1f}" for d in r["vs_default"]["by_seed"].values()) + ")"
+        lines.append(f"| {r['row']} | {r['change']} | {pct(r['accuracy'])} | {pct(r['worst_client'])} | "
+                     f"{pct(r['gain_vs_local'], True)} | {pct(r['vs_default'], True)}{by_seed} | {r['seeds'] or 'not run'} |")
+    (out_dir / "ablation.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    print(f"wrote {out_dir / 'ablation.json'} and ablation.md")
+
+
+if __name__ == "__main__":
+    main()
