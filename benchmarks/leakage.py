@@ -129,11 +129,11 @@ def make_trainer(cfg: dict, partition_id: int = 0):
 
 def global_state(cfg: dict) -> dict[str, torch.Tensor]:
     """What the server sends in round 1 (the ServerApp's `initial_shared`)."""
-    from hydra.utils import get_class
+    from pfedes.methods import method_of
     from pfedes.models import resolve_architecture
 
     arch = resolve_architecture(cfg["clients"]["devices"][0], cfg["model"]["profiles"])
-    return get_class(cfg["strategy"]["trainer"]).initial_shared(cfg, arch, 10)
+    return method_of(cfg).trainer.initial_shared(cfg, arch, 10)
 
 
 def client_payload(cfg: dict, sent: dict[str, torch.Tensor], data, partition_id: int = 0,
@@ -213,12 +213,12 @@ class Attacker:
     """The server's copy of the shared network at the global state, and the client's loss."""
 
     def __init__(self, cfg: dict, method: Method, sent: dict[str, torch.Tensor]) -> None:
-        from hydra.utils import get_class
+        from pfedes.methods import method_of
         from pfedes.models import resolve_architecture
 
         arch = resolve_architecture(cfg["clients"]["devices"][0], cfg["model"]["profiles"])
         # a trainer of the method only for its shared modules: the private ones are never used
-        shell = get_class(cfg["strategy"]["trainer"])(cfg, arch, 10, seed=987_654)
+        shell = method_of(cfg).trainer(cfg, arch, 10, seed=987_654)
         shell.load_shared(sent)
         self.net = shell.exchange.train()
         named = dict(self.net.named_parameters())

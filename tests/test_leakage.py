@@ -20,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import leakage  # noqa: E402
 
 from pfedes.client_round import load_node_data  # noqa: E402
+from pfedes.methods import method_of  # noqa: E402
 from pfedes.data import to_input  # noqa: E402
 from pfedes.filters import shared_keys  # noqa: E402
 
@@ -83,7 +84,7 @@ def test_scores_are_torchmetrics_psnr_and_ssim_of_the_best_match(small_data):
 def test_the_payload_is_the_methods_filtered_entries_and_the_attackers_loss_is_exact(name):
     method, cfg, sent, step = one_step_setup(name)
     payload, trainer = leakage.one_step_payload(cfg, sent, step)
-    assert list(payload) == trainer.shared_keys == shared_keys(trainer.exchange, cfg["strategy"]["share"])
+    assert list(payload) == trainer.shared_keys == shared_keys(trainer.exchange, method_of(cfg).share)
     if name == "pfedes":
         assert all(k.startswith("proxy.") for k in payload)  # nothing of the private model leaves
         assert not any(k.split(".")[0] in ("backbone", "head", "projection") for k in payload)
