@@ -126,6 +126,21 @@ def experiment_config(overrides: Sequence[str] = ()) -> dict[str, Any]:
 DEVICE_TRAIN_KEYS = {"lr": float, "local_epochs": int, "batch_size": int, "torch_threads": int}
 
 
+# What a client reads of the experiment; the rest (the aggregation rule, selection, privacy,
+# logging, the server's paths and round counts) stays on the server.
+CLIENT_KEYS = ("seed", "num_clients", "evaluate_in_train", "client_state_dir", "run_token",
+               "strategy", "train", "data", "model", "clients", "simulation", "compression")
+
+
+def client_settings(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The part of cfg that travels to the clients in every message: CLIENT_KEYS, and of the
+    aggregation only `weighting` (it decides what a client reports: a validation score or FQI)."""
+    sent = {k: cfg[k] for k in CLIENT_KEYS if k in cfg}
+    if "aggregation" in cfg:
+        sent["aggregation"] = {"weighting": cfg["aggregation"]["weighting"]}
+    return sent
+
+
 def for_device(cfg: dict[str, Any], device: str) -> dict[str, Any]:
     """cfg with `train` taking the device profile's own values where train.by_device sets them."""
     own = {k: v for k, v in ((cfg["train"].get("by_device") or {}).get(device) or {}).items() if v is not None}

@@ -18,7 +18,7 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
 from .client_state import atomic_torch_save, state_digest
-from .config import ConfigError, experiment_config, overrides_from_run_config, with_later_settings
+from .config import ConfigError, client_settings, experiment_config, overrides_from_run_config, with_later_settings
 from .data import DataError, classes_in_no_partition, load_split, load_unified_test, num_classes_of
 from .grid import PromptGrid
 from .methods import method_of
@@ -28,7 +28,6 @@ from .privacy import Privacy
 from .robust import Robustness
 from .proxy_monitor import ProxyMonitor
 from .recording import RunRecorder
-from .strategies.base import experiment_json
 
 app = ServerApp()
 CHECKPOINT = "server_checkpoint.pt"
@@ -216,7 +215,7 @@ def run_experiment(grid: Grid, cfg: dict[str, Any]) -> dict[str, Any]:
         return MetricRecord({k: float(v) for k, v in extra.items()}) if extra else None
 
     remaining = int(cfg["num_rounds"]) - done
-    exp = ConfigRecord({"experiment": experiment_json(cfg)})
+    exp = ConfigRecord({"experiment": json.dumps(client_settings(cfg), sort_keys=True)})
     if remaining > 0:
         strategy.start(grid=grid, initial_arrays=ArrayRecord({k: Array(np.asarray(v)) for k, v in initial.items()}),
                        num_rounds=remaining, train_config=exp, evaluate_config=ConfigRecord(dict(exp)),

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import make_cfg
 from pfedes.config import ConfigError, default_run_config, experiment_config, overrides_from_run_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -125,3 +126,47 @@ def test_a_saved_config_gets_the_settings_added_since_at_their_defaults_in_every
     only_nested = copy.deepcopy(wanted)  # every section there, one key inside one missing
     del only_nested["aggregation"]["quality_blend"]
     assert with_later_settings(only_nested, wanted) == wanted
+
+
+@pytest.mark.parametrize("overrides", [
+    ["strategy=pfedes", "aggregation.weighting=quality", "compression.quantize=int8"],
+    ["strategy=fd", "evaluate_in_train=true"],
+    ["strategy=fedavg", "clients.devices=[phone]", "compression.topk=0.5"],
+])
+def test_a_client_round_needs_only_the_client_settings(tmp_path, overrides):
+    """What the server sends (client_settings) is all a ClientApp reads: a train round runs on
+    it alone, and no server-only setting (aggregation rule, privacy, logging, paths) travels."""
+    import json
+
+    import numpy as np
+    from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
+
+    from pfedes import client_app
+    from pfedes.config import client_settings
+    from pfedes.methods import method_of
+    from flwr.supercore.task_identity import TaskIdentity
+
+    from pfedes.models import resolve_architecture
+
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
+    cfg = {**make_cfg("num_clients=3", *overrides), "client_state_dir": str(tmp_path), "run_token": "t"}
+    sent = client_settings(cfg)
+    assert not {"out_dir", "privacy", "logging", "selection", "num_rounds", "probe_every"} & set(sent)
+    assert sent.get("aggregation", {}) == {"weighting": cfg["aggregation"]["weighting"]}
+    arch = resolve_architecture(cfg["clients"]["devices"][0], cfg["model"]["profiles"])
+    initial = method_of(cfg).trainer.initial_shared(cfg, arch, 10)
+    content = RecordDict({"arrays": ArrayRecord({k: Array(np.asarray(v)) for k, v in initial.items()}),
+                          "config": ConfigRecord({"experiment": json.dumps(sent), "server-round": 1})})
+    msg = Message(content=content, dst_node_id=1, message_type="train")
+    context = Context(run_id=1, node_id=1, node_config={"partition-id": 0, "num-partitions": 3},
+                      state=RecordDict(), run_config={})
+    reply = client_app.train(msg, context)
+    assert not reply.has_error(), reply.error
+    metrics = reply.content["metrics"]
+    assert metrics["num-examples"] > 0
+    # each setting a client acts on reached it: the reply is what the server's settings ask for
+    sent_bytes = sum(a.numpy().nbytes for a in reply.content["arrays"].values())
+    fp32_bytes = sum(np.asarray(v).nbytes for v in initial.values())
+    assert (sent_bytes < fp32_bytes / 2) == (cfg["compression"]["quantize"] != "none")
+    assert ("fqi" in metrics) == (cfg["aggregation"]["weighting"] == "quality")
+    assert (client_app.EVAL_IN_TRAIN_KEY in reply.content) == cfg["evaluate_in_train"]

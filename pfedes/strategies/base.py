@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import random
 from collections.abc import Iterable
@@ -343,5 +342,3 @@ class PersonalizedStrategy(FedAvg):
                                          "num-examples": int(metrics.get(WEIGHT_KEY, 0))})
 
 
-def experiment_json(cfg: dict[str, Any]) -> str:
-    return json.dumps(cfg, sort_keys=True)
