@@ -31,7 +31,7 @@ def steady(rounds: list[dict]) -> float:
 
 
 def plain_run(argv: list[str], settings: dict, out: str, cores: int) -> tuple[list[dict], float]:
-    from pfedes.plain_loop import run_plain
+    from plain_loop import run_plain
 
     cfg = experiment(argv, **settings, out_dir=out, **{"train.torch_threads": cores})
     t0 = time.perf_counter()

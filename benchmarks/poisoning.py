@@ -72,7 +72,7 @@ def evaluate(msg: Message, context: Context) -> Message:
 def run_condition(attack: str, defence: str, seed: int, attackers: list[int], out: Path,
                   overrides: list[str]) -> list[dict]:
     """One run (reused when it finished with the same configuration); its per-round records."""
-    from pfedes.bench import finished_rounds, read_rounds
+    from pfedes.bench.runs import finished_rounds, read_rounds
     from pfedes.sim import simulate
 
     run_dir = out / f"{attack}-{defence}" / f"seed{seed}"

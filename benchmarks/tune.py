@@ -1,6 +1,6 @@
 """Choose a method's settings on validation accuracy, on a tuning seed that no reported table uses.
 
-Runs one candidate (a name and hydra overrides) in the plain loop (`pfedes.plain_loop`, the same
+Runs one candidate (a name and hydra overrides) in the plain loop (`benchmarks/plain_loop.py`, the same
 computation as a Flower run, one process) on the reference heterogeneous setting with a
 validation split, and appends one JSON line (the candidate, its per-round validation accuracy,
 the mean of the last 5 rounds) to the tuning record. The test split is not read.
@@ -34,7 +34,7 @@ def main() -> None:
     parser.add_argument("overrides", nargs="*", help="hydra overrides (strategy=..., strategy.KEY=VALUE)")
     parser.add_argument("--record", type=Path, required=True, help="JSONL file the result is appended to")
     args = parser.parse_args()
-    from pfedes.plain_loop import run_plain
+    from plain_loop import run_plain
 
     cfg = experiment(args.overrides, **{"data.path": default_data_path(), **SETTING})
     start = time.perf_counter()

@@ -1,5 +1,5 @@
 """One client's work in one round, without Flower: what the ClientApp runs for each message and
-what the plain benchmark loop (pfedes/plain_loop.py) calls directly, so both do the same work."""
+what the plain benchmark loop (benchmarks/plain_loop.py) calls directly, so both do the same work."""
 
 from __future__ import annotations
 

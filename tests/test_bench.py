@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 
 from conftest import make_cfg
-from pfedes.bench import (Run, device_table, execute, js_divergence, mean_pairwise_jsd, needs_one_architecture, plateau,
-                          plateau_note, results_table, split_overrides)
+from pfedes.bench.heterogeneity import js_divergence, mean_pairwise_jsd
+from pfedes.bench.runs import Run, execute, needs_one_architecture, split_overrides
+from pfedes.bench.tables import device_table, plateau, plateau_note, results_table
 from pfedes.config import ConfigError
 
 
@@ -234,7 +235,7 @@ def test_records_show_paths_inside_the_working_directory_relative(tmp_path, monk
 
 
 def test_proxy_table_reads_the_last_probe_and_the_std_ratio():
-    from pfedes.bench import proxy_table
+    from pfedes.bench.tables import proxy_table
 
     rounds = [{"proxy_std": 0.2}, {"proxy_std": 0.01}, {"proxy_std": 0.1, "probe_acc": 0.6, "probe_acc_fresh": 0.4}]
     runs = [Run("pfedes", s, Path("/x"), status="ok", rounds=rounds) for s in (0, 1)]

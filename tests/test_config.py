@@ -89,7 +89,7 @@ def test_a_device_profile_may_train_with_its_own_settings(small_data):
 
 
 def test_the_bench_says_which_settings_each_profile_used():
-    from pfedes.bench import training_note
+    from pfedes.bench.tables import training_note
 
     note = training_note(experiment_config(["train.by_device.phone.local_epochs=2"]))
     assert note.endswith("1 local epoch(s) per round; phone: local_epochs 2")

@@ -173,7 +173,7 @@ def saved_before_the_registry(preset: str, **strategy) -> dict:
 def test_a_config_saved_before_the_registry_is_the_method_it_names(preset, tmp_path):
     import json
 
-    from pfedes.bench import finished_rounds
+    from pfedes.bench.runs import finished_rounds
     from pfedes.config import with_later_settings, with_registered_method
 
     cfg = experiment_config([f"strategy={preset}", "num_rounds=1", f"out_dir={tmp_path}"])

@@ -2,15 +2,19 @@
 benchmark honest)."""
 
 import json
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
 from conftest import make_cfg
-from pfedes.plain_loop import run_plain
 from pfedes.server_app import CHECKPOINT
 from pfedes.sim import simulate
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from plain_loop import run_plain  # noqa: E402
 
 
 @pytest.mark.slow

@@ -11,14 +11,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from .client_round import build_trainer, evaluate_round, load_node_data, train_round
-from .config import for_device
-from .data import load_split, num_classes_of
-from .methods import method_of
-from .models import resolve_architecture
-from .robust import weighted_average
-from .strategies.base import PersonalizedStrategy
-from .strategies.momentum import ServerMomentum, apply_momentum
+from pfedes.client_round import build_trainer, evaluate_round, load_node_data, train_round
+from pfedes.config import for_device
+from pfedes.data import load_split, num_classes_of
+from pfedes.methods import method_of
+from pfedes.models import resolve_architecture
+from pfedes.robust import weighted_average
+from pfedes.strategies.base import PersonalizedStrategy
+from pfedes.strategies.momentum import ServerMomentum, apply_momentum
 
 
 def run_plain(cfg: dict[str, Any], threads: int | None = None, progress: bool = False) -> dict[str, Any]:
