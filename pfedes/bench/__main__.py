@@ -1,0 +1,5 @@
+"""`python -m pfedes.bench`: the same as `pfedes-bench`."""
+
+from . import main
+
+main()
