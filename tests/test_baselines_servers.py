@@ -80,7 +80,7 @@ def test_bipartition_keeps_similar_updates_together():
 
 def cfl(*overrides):
     s = ClusteredFL(make_cfg("strategy=cfl", "num_clients=4", "strategy.eps1=0.4", "strategy.eps2=0.5",
-                             "strategy.min_split_size=3", *overrides))
+                             "strategy.min_split_size=3", "strategy.split_after=0", *overrides))
     s.current = {"w": np.zeros(2, np.float32)}
     s.clusters = [{"members": {1, 2, 3, 4}, "arrays": {"w": np.zeros(2, np.float32)}}]
     return s
@@ -118,6 +118,17 @@ def test_cfl_does_not_split_a_cluster_smaller_than_min_split_size():
     s = cfl("strategy.min_split_size=5")
     s.aggregate_train(1, [reply(1, [1.0, 0.0]), reply(2, [-1.0, 0.0]), reply(3, [1.0, 0.0]), reply(4, [-1.0, 0.0])])
     assert len(s.clusters) == 1
+
+
+def test_cfl_waits_split_after_rounds_counted_across_a_resume():
+    opposed = [reply(1, [1.0, 0.1]), reply(2, [-1.0, 0.0], 2), reply(3, [1.0, -0.1]), reply(4, [-0.9, 0.2])]
+    s = cfl("strategy.split_after=20")
+    s.aggregate_train(20, opposed)  # the criterion holds (previous test), but 20 rounds are not yet done
+    assert len(s.clusters) == 1
+    resumed = cfl("strategy.split_after=20")
+    resumed.round_offset = 20  # a run resumed after round 20: its first round is round 21
+    resumed.aggregate_train(1, opposed)
+    assert len(resumed.clusters) == 2
 
 
 def test_cfl_sends_each_node_its_own_cluster_model_and_checkpoints_the_clusters():

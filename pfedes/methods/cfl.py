@@ -16,12 +16,14 @@ class CFLSettings(Settings):
     eps1: float          # split when the mean update's norm is below this ...
     eps2: float          # ... and some client's update norm is above this
     min_split_size: int  # split only clusters with at least this many replying clients
+    split_after: int     # no split before this many rounds are done (the reference waits 20)
 
     def __post_init__(self) -> None:
         super().__post_init__()
         at_least("eps1", self.eps1, 0, strict=True)
         at_least("eps2", self.eps2, 0, strict=True)
         at_least("min_split_size", self.min_split_size, 2)
+        at_least("split_after", self.split_after, 0)
 
 
 CFL = register("cfl", strategy=ClusteredFL, trainer=CFLTrainer, share=["all"], settings=CFLSettings)

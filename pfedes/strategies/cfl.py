@@ -3,7 +3,7 @@ clients, and recursive bi-partitioning of a cluster when its clients' updates di
 
 Each round every client receives its cluster's model; a cluster's new model is the sample-
 weighted average of its members' replies. With the members' updates dW_i (reply minus the
-model sent), a cluster of at least `min_split_size` replying clients is split in two when
+model sent), after `split_after` rounds, a cluster of at least `min_split_size` replying clients is split in two when
 
     ||sum_i w_i dW_i / sum_i w_i|| < eps1   (the cluster as a whole is near a stationary point)
     max_i ||dW_i||                 > eps2   (but some clients are not),
@@ -86,6 +86,7 @@ class ClusteredFL(PersonalizedStrategy):
         super().__init__(cfg)
         s = self.settings  # eps1, eps2 > 0, min_split_size >= 2: methods/cfl.py
         self.eps1, self.eps2, self.min_split_size = s.eps1, s.eps2, s.min_split_size
+        self.split_after = s.split_after
         self.clusters: list[dict[str, Any]] = []  # {"members": set of node ids, "arrays": {key: array}}
 
     # -- which cluster a node is in ----------------------------------------------------
@@ -142,7 +143,8 @@ class ClusteredFL(PersonalizedStrategy):
             mean_norm, max_norm = update_norms(updates, w)
             norms["mean_update_norm"].append(mean_norm)
             norms["max_update_norm"].append(max_norm)
-            if len(members) >= self.min_split_size and criterion_holds(mean_norm, max_norm, self.eps1, self.eps2):
+            if (self.absolute_round(server_round) > self.split_after and len(members) >= self.min_split_size
+                    and criterion_holds(mean_norm, max_norm, self.eps1, self.eps2)):
                 first, second = bipartition(cosine_similarities(updates))
                 nodes = [replies[i].metadata.src_node_id for i in members]
                 group2 = {nodes[j] for j in second}
