@@ -7,12 +7,14 @@ directory per learning rate, e.g.
     for lr in 0.01 0.005 0.02; do
       pfedes-bench strategies=[local,lgfedavg,fd,fedgh,fedproto,fml,pfedes_paper] seeds=[100] num_rounds=20 \
         data.partition=dirichlet data.alpha=0.3 data.path=../shared/data/cifar10 data.samples_per_client=500 \
-        data.val_fraction=0.15 num_clients=10 train.lr=$lr out_dir=benchmarks/results/tuning/lr_grid/lr$lr
+        data.val_fraction=0.15 num_clients=10 train.lr=$lr strategy.lr=null \
+        out_dir=benchmarks/results/tuning/lr_grid/lr$lr
     done
     python benchmarks/lr_grid.py
 
 This reads each run's validation accuracy (the mean of its last 5 rounds; the test split is not
-read) and writes benchmarks/results/tuning/lr_grid.{json,md}. The rule, fixed before the runs:
+read) and writes benchmarks/results/tuning/lr_grid.{json,md}. `strategy.lr=null`: a method whose
+preset has its own learning rate (chosen here) trains at the grid's train.lr. The rule, fixed before the runs:
 the shared lr (train.lr, 0.01) stays a method's learning rate unless another lr of the grid beats
 it by more than 1 point on validation, the noise of one seed's last-5-round mean.
 """

@@ -141,9 +141,19 @@ def client_settings(cfg: dict[str, Any]) -> dict[str, Any]:
     return sent
 
 
+def learning_rate(cfg: dict[str, Any]) -> float:
+    """The learning rate the run's method trains with: its own (strategy.lr), else train.lr."""
+    own = (cfg.get("strategy") or {}).get("lr")
+    return float(cfg["train"]["lr"] if own is None else own)
+
+
 def for_device(cfg: dict[str, Any], device: str) -> dict[str, Any]:
-    """cfg with `train` taking the device profile's own values where train.by_device sets them."""
+    """cfg with `train` as a client of this device profile trains: the method's own learning rate
+    (strategy.lr, where its preset sets one), then the profile's own values where train.by_device
+    sets them (a device's lr wins over the method's)."""
     own = {k: v for k, v in ((cfg["train"].get("by_device") or {}).get(device) or {}).items() if v is not None}
+    if (cfg.get("strategy") or {}).get("lr") is not None:
+        own = {"lr": learning_rate(cfg), **own}
     return {**cfg, "train": {**cfg["train"], **own}} if own else cfg
 
 
@@ -249,6 +259,9 @@ def with_later_settings(saved: dict[str, Any], wanted: dict[str, Any]) -> dict[s
     if complete(saved, wanted):
         return saved
     defaults = to_dict(compose([f"strategy={saved.get('strategy', {}).get('name', wanted['strategy']['name'])}"]))
+    # the one setting whose preset value is not what runs from before it did: before a method
+    # could have its own learning rate, every method trained at train.lr
+    defaults["strategy"]["lr"] = None
 
     def fill(have: dict[str, Any], default: dict[str, Any]) -> dict[str, Any]:
         out = dict(have)

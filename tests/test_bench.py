@@ -193,7 +193,7 @@ def test_pfedes_bench_end_to_end_two_strategies_two_rounds(tmp_path):
     out = tmp_path / "bench"
     command = [shutil.which("pfedes-bench")] if shutil.which("pfedes-bench") else [sys.executable, "-m", "pfedes.bench"]
     args = ["strategies=[local,fedavg]", "seeds=[0]", "num_clients=2", "num_rounds=2", "clients.devices=[phone]",
-            "data.samples_per_client=150", f"out_dir={out}"]
+            "data.samples_per_client=150", "strategy.lr=0.02", f"out_dir={out}"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     result = subprocess.run(command + args, capture_output=True, text=True, env=env, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -209,6 +209,7 @@ def test_pfedes_bench_end_to_end_two_strategies_two_rounds(tmp_path):
     assert float(fedavg["gain_vs_local"]) == pytest.approx(float(fedavg["acc_mean_last"]) - float(rows[0]["acc_mean_last"]))
     md = (out / "results.md").read_text()
     assert "| local |" in md and "| fedavg |" in md and "Jensen-Shannon" in md
+    assert "fedavg trains at its own lr 0.02 (strategy.lr)" in md  # strategy.KEY reaches every preset with KEY
     assert (out / "curves.png").stat().st_size > 0
     diagnosis = json.loads((out / "heterogeneity.json").read_text())
     assert np.asarray(diagnosis["0"]["label_histograms"]).sum() == 2 * 150

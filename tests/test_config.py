@@ -88,6 +88,31 @@ def test_a_device_profile_may_train_with_its_own_settings(small_data):
     assert build_trainer(for_device(cfg, "phone"), "cnn3", 10, 0).optimizer.param_groups[0]["lr"] == 0.05
 
 
+def test_a_method_may_train_with_its_own_learning_rate_and_a_device_lr_wins():
+    from pfedes.client_round import build_trainer
+    from pfedes.config import for_device, learning_rate
+    from pfedes.strategies.fedgh import FedGH
+
+    cfg = experiment_config(["strategy=fedgh", "strategy.lr=0.005", "train.by_device.phone.lr=0.05"])
+    assert learning_rate(cfg) == 0.005
+    assert for_device(cfg, "gateway")["train"]["lr"] == 0.005 and for_device(cfg, "phone")["train"]["lr"] == 0.05
+    assert build_trainer(for_device(cfg, "gateway"), "cnn3", 10, 0).optimizer.param_groups[0]["lr"] == 0.005
+    assert FedGH(cfg).server_lr == 0.005  # server_lr null: the method's lr
+    assert FedGH(experiment_config(["strategy=fedgh", "strategy.lr=null", "train.lr=0.02"])).server_lr == 0.02
+    plain = experiment_config(["strategy=local", "strategy.lr=null"])
+    assert for_device(plain, "gateway") is plain and learning_rate(plain) == plain["train"]["lr"]
+
+
+def test_a_run_from_before_methods_had_their_own_lr_ran_at_train_lr():
+    """with_later_settings fills a missing strategy.lr with null whatever the preset now says,
+    so the bench never takes an old run for one at the method's own learning rate."""
+    from pfedes.config import with_later_settings
+
+    wanted = experiment_config(["strategy=fedgh", "strategy.lr=0.005"])
+    saved = {**wanted, "strategy": {k: v for k, v in wanted["strategy"].items() if k != "lr"}}
+    assert with_later_settings(saved, wanted)["strategy"]["lr"] is None
+
+
 def test_the_bench_says_which_settings_each_profile_used():
     from pfedes.bench.tables import training_note
 

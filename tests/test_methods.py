@@ -72,6 +72,12 @@ def test_every_filter_a_method_shares_through_exists():
 # out of range, an unknown choice or a value of the wrong type where it has such settings; the
 # unknown setting name of every preset is tested below.
 BAD = [
+    # every method: its own learning rate (methods/base.py Settings.lr)
+    ("local", "strategy.lr=-0.1", "strategy.lr must be > 0, got -0.1"),
+    ("fedavg", "strategy.lr=0", "strategy.lr must be > 0, got 0"),
+    ("fedbn", "strategy.lr=fast", "strategy.lr must be a finite number, got 'fast'"),
+    ("fedper", "strategy.lr=-1", "strategy.lr must be > 0, got -1"),
+    ("fedgh", "strategy.server_lr=0", "strategy.server_lr must be > 0, got 0"),
     ("apfl", "strategy.alpha_init=-0.1", "strategy.alpha_init must be in [0, 1], got -0.1"),
     ("apfl", "strategy.alpha_init=1.5", "strategy.alpha_init must be in [0, 1], got 1.5"),
     ("apfl", "strategy.alpha_lr=-1", "strategy.alpha_lr must be > 0, got -1"),

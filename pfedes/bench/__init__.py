@@ -67,7 +67,9 @@ def bench(bench_cfg: dict[str, Any], task_overrides: list[str]) -> list[Run]:
                 "data": f"{first['data']['path']}, {first['data']['partition']}, "
                         f"{first['data']['samples_per_client']} samples per client",
                 "command": " ".join(["pfedes-bench", *task_overrides]),
-                "training": training_note(first)}
+                "training": training_note(first) + "".join(
+                    f"; {name} trains at its own lr {configs[(name, seeds[0])]['strategy']['lr']:g} (strategy.lr)"
+                    for name in strategies if configs[(name, seeds[0])]["strategy"].get("lr") is not None)}
     runs = [Run(name, seed, out_dir / name / f"seed{seed}") for seed in seeds for name in strategies]
     for run in runs:
         execute(run, configs[(run.strategy, run.seed)], bool(bench_cfg.get("rerun", False)))

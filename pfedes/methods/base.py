@@ -80,12 +80,18 @@ def _coerce(key: str, kind: Any, value: Any) -> Any:
 class Settings:
     """A method's settings: every field is a key of the preset's `strategy` section. Subclasses
     declare typed fields (a default where the preset may leave the key out) and check their
-    ranges in `__post_init__` after calling this one, which converts each value to its type."""
+    ranges in `__post_init__` after calling this one, which converts each value to its type.
+    Every method has `lr`: its own SGD learning rate, where its preset sets one (chosen on
+    validation, benchmarks/lr_grid.py); null trains at train.lr (config.for_device)."""
+
+    lr: float | None = None
 
     def __post_init__(self) -> None:
         hints = typing.get_type_hints(type(self))
         for f in fields(self):
             object.__setattr__(self, f.name, _coerce(f.name, hints[f.name], getattr(self, f.name)))
+        if self.lr is not None:
+            at_least("lr", self.lr, 0, strict=True)
 
     @classmethod
     def from_section(cls, section: Mapping[str, Any], method: str) -> Settings:

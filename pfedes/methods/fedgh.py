@@ -13,12 +13,13 @@ from .base import Settings, at_least, register
 
 @dataclass(frozen=True, kw_only=True)
 class FedGHSettings(Settings):
-    server_lr: float     # SGD learning rate of the global head's training on the server
+    server_lr: float | None  # SGD learning rate of the global head's training on the server; null: the method's lr
     server_epochs: int   # full-batch steps per round over all (prototype, class) pairs
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        at_least("server_lr", self.server_lr, 0, strict=True)
+        if self.server_lr is not None:
+            at_least("server_lr", self.server_lr, 0, strict=True)
         at_least("server_epochs", self.server_epochs, 1)
 
 

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
+from ..config import learning_rate
 from .fedproto import ClassPayloadStrategy
 
 
@@ -32,7 +33,9 @@ def train_head(head: dict[str, np.ndarray], prototypes: np.ndarray, labels: np.n
 class FedGH(ClassPayloadStrategy):
     def __init__(self, cfg) -> None:
         super().__init__(cfg)
-        self.server_lr, self.server_epochs = self.settings.server_lr, self.settings.server_epochs  # methods/fedgh.py
+        s = self.settings  # methods/fedgh.py
+        self.server_lr = learning_rate(cfg) if s.server_lr is None else s.server_lr
+        self.server_epochs = s.server_epochs
 
     @property
     def payload_dim(self) -> int:
