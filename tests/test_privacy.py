@@ -255,3 +255,36 @@ def test_a_local_dp_simulation_noises_the_replies_and_reports_epsilon_every_roun
     change = np.concatenate([(final[k] - initial[k].numpy()).ravel() for k in initial])
     # each client's noise has std sigma * 2C = 2; two rounds of a weighted mean of three: > 1 per entry
     assert change.std() > 1.0
+
+
+def test_the_client_apps_train_handler_runs_local_dp_on_its_reply(tmp_path, monkeypatch):
+    """The real ClientApp (without Ray), its training replaced by an update of norm 10 per entry:
+    with privacy.mode=local the reply leaves clipped to C; in central mode as trained."""
+    from flwr.app import Context, RecordDict
+
+    from pfedes import client_app
+    from pfedes.methods import method_of
+    from pfedes.models import resolve_architecture
+    from pfedes.server_app import prepare
+
+    def trained(trainer, arrays, *args):
+        return {k: v + 10.0 if v.is_floating_point() else v for k, v in arrays.items()}, {"num-examples": 5}
+
+    monkeypatch.setattr(client_app, "train_round", trained)
+    for mode, expected in (("local", 2.0), ("central", None)):
+        cfg = prepare(make_cfg("num_clients=3", f"privacy.mode={mode}", "privacy.noise_multiplier=1e-9",
+                               "privacy.clipping_norm=2.0", f"out_dir={tmp_path / mode}"))
+        cfg["run_token"] = mode
+        initial = method_of(cfg).trainer.initial_shared(cfg, resolve_architecture("phone", cfg["model"]["profiles"]), 10)
+        msg = train_message(cfg, {k: v.numpy() for k, v in initial.items()})
+        context = Context(run_id=1, node_id=1, node_config={"partition-id": 0, "num-partitions": 3},
+                          state=RecordDict(), run_config={})
+        reply = client_app.app(msg, context)
+        assert not reply.has_error()
+        arrays = reply.content["arrays"]
+        assert list(arrays) == list(initial)
+        norm = float(np.sqrt(sum(((arrays[k].numpy() - v.numpy()) ** 2).sum() for k, v in initial.items())))
+        if expected is None:
+            assert norm == pytest.approx(10.0 * np.sqrt(sum(v.numel() for v in initial.values())), rel=1e-5)
+        else:
+            assert norm == pytest.approx(expected, rel=1e-4)
