@@ -181,12 +181,14 @@ class Privacy:
         """The reply with its floating update clipped to its C_i (`clip_norm_for`; an entry without
         a reference counts whole, as an update from zero)."""
         keys = [k for k, v in arrays.items() if np.asarray(v).dtype.kind == "f"]
-        sent = [np.asarray(arrays[k], np.float64) for k in keys]
-        refs = [np.asarray(reference[k], np.float64) if k in reference and np.shape(reference[k]) == np.shape(arrays[k])
-                else np.zeros(np.shape(arrays[k])) for k in keys]
+        # flat: Flower's in-place scaling leaves a 0-d entry unscaled (np.subtract of two gives a scalar)
+        sent = [np.asarray(arrays[k], np.float64).reshape(-1) for k in keys]
+        refs = [np.asarray(reference[k], np.float64).reshape(-1) if k in reference
+                and np.shape(reference[k]) == np.shape(arrays[k]) else np.zeros(np.size(arrays[k])) for k in keys]
         if get_norm([a - r for a, r in zip(sent, refs)]) > 0:  # Flower's clip divides by the norm
             compute_clip_model_update(sent, refs, self.clip_norm_for(arrays))
-        return {**arrays, **{k: v.astype(np.asarray(arrays[k]).dtype) for k, v in zip(keys, sent)}}
+        return {**arrays, **{k: v.reshape(np.shape(arrays[k])).astype(np.asarray(arrays[k]).dtype)
+                             for k, v in zip(keys, sent)}}
 
     def add_noise(self, mean: dict[str, np.ndarray], count: int, clip_norm: float | None = None) -> dict[str, np.ndarray]:
         """The mean of `count` clipped replies with the Gaussian noise of the mechanism: standard
@@ -227,7 +229,8 @@ def local_dp_mod(msg: Message, ctxt: Context, call_next: ClientAppCallable) -> M
     local (the settings travel in the message, so the mod is chosen per message), else nothing.
 
     Around Flower's mod, without changing its math: it sees the floating entries only, in the
-    order received (counters travel as they are, as with central DP); an update of norm 0 (a
+    order received and flattened (counters travel as they are, as with central DP; Flower's
+    in-place scaling would leave a 0-d entry unclipped); an update of norm 0 (a
     client whose shared part did not train this round, such as pFedES's proxy during warm-up),
     which Flower's clipping cannot divide by, gets the same noise from Flower's
     `add_localdp_gaussian_noise_to_params` (clipping it changes nothing)."""
@@ -240,6 +243,14 @@ def local_dp_mod(msg: Message, ctxt: Context, call_next: ClientAppCallable) -> M
     name, received = next(iter(msg.content.array_records.items()))
     floating = [k for k, a in received.items() if a.numpy().dtype.kind == "f"]
     stash: dict[str, Any] = {}
+
+    def flat(arrays: ArrayRecord) -> ArrayRecord:
+        return ArrayRecord({k: Array(np.ascontiguousarray(arrays[k].numpy().reshape(-1))) for k in floating})
+
+    def shaped(noisy: list[np.ndarray], arrays: ArrayRecord) -> ArrayRecord:
+        """The reply's entries with the noisy floating ones, in their shapes, in the reply's order."""
+        values = {k: Array(np.asarray(v).reshape(arrays[k].numpy().shape)) for k, v in zip(floating, noisy)}
+        return ArrayRecord({k: values.get(k, a) for k, a in arrays.items()})
 
     def handler(inner: Message, context: Context) -> Message:
         msg.content[name] = received  # the handler gets every entry the server sent
@@ -254,26 +265,25 @@ def local_dp_mod(msg: Message, ctxt: Context, call_next: ClientAppCallable) -> M
         update = [numbers[k].astype(np.float64) - received[k].numpy().astype(np.float64) for k in floating]
         if get_norm(update) == 0:
             return Message(Error(code=ErrorCode.UNKNOWN, reason=_ZERO_UPDATE), reply_to=inner)
-        reply.content[key] = ArrayRecord({k: arrays[k] for k in floating})
+        reply.content[key] = flat(arrays)
         return reply
 
-    msg.content[name] = ArrayRecord({k: received[k] for k in floating})  # what Flower's mod clips against
+    msg.content[name] = flat(received)  # what Flower's mod clips against
     try:
         out = privacy.local_mod(msg.content[name])(msg, ctxt, handler)
     finally:
         msg.content[name] = received
     if out.has_error() and out.error.reason == _ZERO_UPDATE:
         reply, key, arrays = stash["reply"], stash["key"], stash["arrays"]
-        mod = privacy.local_mod(ArrayRecord({k: received[k] for k in floating}))
+        mod = privacy.local_mod(flat(received))
         noisy = parameters_to_ndarrays(add_localdp_gaussian_noise_to_params(
-            ndarrays_to_parameters([arrays[k].numpy() for k in floating]), mod.sensitivity, mod.epsilon, mod.delta))
-        reply.content[key] = ArrayRecord({**{k: arrays[k] for k in arrays},
-                                          **{k: Array(np.asarray(v)) for k, v in zip(floating, noisy)}})
+            ndarrays_to_parameters(flat(arrays).to_numpy_ndarrays()), mod.sensitivity, mod.epsilon, mod.delta))
+        reply.content[key] = shaped(noisy, arrays)
         return reply
     if out.has_error() or "arrays" not in stash:
         return out
     noisy = next(iter(out.content.array_records.values()))
-    out.content[stash["key"]] = ArrayRecord({k: noisy[k] if k in noisy else a for k, a in stash["arrays"].items()})
+    out.content[stash["key"]] = shaped([noisy[k].numpy() for k in floating], stash["arrays"])
     return out
 
 

@@ -24,6 +24,10 @@ def test_clipping_bounds_the_update_norm_and_leaves_small_updates_and_counters()
     np.testing.assert_allclose(small["w"], 0.5)
     unchanged = privacy.clip({"w": REF["w"].copy()}, REF)  # a client still warming up: norm 0
     np.testing.assert_array_equal(unchanged["w"], REF["w"])
+    scalar = privacy.clip({"w": np.full(4, 10.0, np.float32), "s": np.array(10.0, np.float32)},
+                          {"w": REF["w"], "s": np.array(0.0, np.float32)})  # a 0-d entry is clipped too
+    assert np.sqrt((scalar["w"] ** 2).sum() + scalar["s"] ** 2) == pytest.approx(2.0, rel=1e-6)
+    assert scalar["s"].shape == () and scalar["s"] == pytest.approx(2.0 / np.sqrt(5), rel=1e-6)
 
 
 def test_the_noise_has_the_configured_scale():
@@ -148,14 +152,17 @@ BIG = {"w": np.zeros(100_000, np.float32), "n": np.array(3, np.int64)}
 
 def test_local_dp_clips_the_update_to_C_and_leaves_counters():
     cfg = make_cfg(*LOCAL, "privacy.noise_multiplier=1e-9")
-    received = {"a": np.zeros(4, np.float32), "n": np.array(3, np.int64), "b": np.ones(4, np.float32)}
-    sent = {"a": np.full(4, 10.0, np.float32), "n": np.array(7, np.int64), "b": np.ones(4, np.float32)}
+    received = {"a": np.zeros((2, 2), np.float32), "n": np.array(3, np.int64), "b": np.ones(4, np.float32),
+                "s": np.array(0.0, np.float32)}  # a 0-d entry: Flower's in-place scaling alone would skip it
+    sent = {"a": np.full((2, 2), 10.0, np.float32), "n": np.array(7, np.int64), "b": np.ones(4, np.float32),
+            "s": np.array(10.0, np.float32)}
     reply = run_mod(cfg, received, sent)
     arrays = {k: a.numpy() for k, a in reply.content["arrays"].items()}
-    assert list(arrays) == ["a", "n", "b"] and arrays["n"] == 7 and arrays["a"].dtype == np.float32
-    update = np.concatenate([arrays["a"] - received["a"], arrays["b"] - received["b"]])
+    assert list(arrays) == ["a", "n", "b", "s"] and arrays["n"] == 7 and arrays["a"].dtype == np.float32
+    assert arrays["a"].shape == (2, 2) and arrays["s"].shape == ()
+    update = np.concatenate([(arrays[k] - received[k]).ravel() for k in ("a", "b", "s")])
     assert np.linalg.norm(update) == pytest.approx(2.0, rel=1e-5)  # clipped to C, direction kept
-    np.testing.assert_allclose(arrays["a"], 1.0, rtol=1e-5)
+    np.testing.assert_allclose(arrays["a"], 2.0 / np.sqrt(5), rtol=1e-5)
     assert reply.content["metrics"]["num-examples"] == 10
 
 
