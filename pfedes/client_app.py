@@ -1,6 +1,8 @@
 """The ClientApp: one device. It builds its own architecture from its device profile, loads its
 local data, restores its private state, runs the method's trainer, and replies with only the
-entries that the method's parameter filter shares.
+entries that the method's parameter filter shares. With privacy.mode=local, the train reply's
+update is clipped and noised on the device by Flower's LocalDpMod (pfedes/privacy.py `local_dp_mod`,
+chosen per message from the run's settings), before it leaves the ClientApp.
 
 Node config (deployment: `flower-supernode --node-config "..."`; simulation sets the last two):
   device         phone | gateway | gpu-host, or an architecture name (default: clients.devices
@@ -34,6 +36,7 @@ from .compression import Codec
 from .config import for_device
 from .data import DataError
 from .models import resolve_architecture
+from .privacy import local_dp_mod
 from .strategies.base import EVAL_IN_TRAIN_KEY, METRICS_KEY
 
 app = ClientApp()
@@ -160,7 +163,7 @@ def encode_upload(codec: Codec, trainer, shared: dict[str, torch.Tensor], receiv
     return ArrayRecord({k: Array(v) for k, v in encoded.items()})
 
 
-@app.train()
+@app.train(mods=[local_dp_mod])  # Flower's LocalDpMod on the reply when the run's privacy.mode is local
 @_setup_errors_as_replies
 def train(msg: Message, context: Context) -> Message:
     entered = tracing.now()
