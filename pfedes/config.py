@@ -133,11 +133,17 @@ CLIENT_KEYS = ("seed", "num_clients", "evaluate_in_train", "client_state_dir", "
 
 
 def client_settings(cfg: dict[str, Any]) -> dict[str, Any]:
-    """The part of cfg that travels to the clients in every message: CLIENT_KEYS, and of the
-    aggregation only `weighting` (it decides what a client reports: a validation score or FQI)."""
+    """The part of cfg that travels to the clients in every message: CLIENT_KEYS, of the
+    aggregation only `weighting` (it decides what a client reports: a validation score or FQI),
+    and the privacy settings only when the clients add the noise (privacy.mode=local), with the
+    noise a target epsilon asks for found here, so that a client needs no accountant."""
     sent = {k: cfg[k] for k in CLIENT_KEYS if k in cfg}
     if "aggregation" in cfg:
         sent["aggregation"] = {"weighting": cfg["aggregation"]["weighting"]}
+    if (cfg.get("privacy") or {}).get("mode") == "local":
+        from .privacy import Privacy  # flwr's DP helpers: only where local DP is asked for
+
+        sent["privacy"] = Privacy.from_cfg(cfg).client_section()
     return sent
 
 

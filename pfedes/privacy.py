@@ -58,7 +58,7 @@ import json
 import math
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
@@ -155,6 +155,11 @@ class Privacy:
             return cls(noise_for(target, rounds, sample, population, delta), clip, delta, target, mode, clipping,
                        reference)
         return privacy
+
+    def client_section(self) -> dict[str, Any]:
+        """The `privacy` settings a client adds local noise with: the noise multiplier resolved
+        (no target epsilon left to solve for)."""
+        return {**asdict(self), "target_epsilon": 0.0}
 
     @property
     def enabled(self) -> bool:

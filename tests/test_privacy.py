@@ -2,6 +2,8 @@
 configured scale, the accountant matches the Gaussian mechanism's known RDP bound, and bad
 settings are one line before anything starts."""
 
+import json
+
 import numpy as np
 import pytest
 
@@ -118,11 +120,11 @@ def train_message(cfg, arrays):
     from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
     from flwr.supercore.task_identity import TaskIdentity
 
-    from pfedes.strategies.base import experiment_json
+    from pfedes.config import client_settings
 
     TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
     content = RecordDict({"arrays": ArrayRecord({k: Array(v) for k, v in arrays.items()}),
-                          "config": ConfigRecord({"experiment": experiment_json(cfg), "server-round": 1})})
+                          "config": ConfigRecord({"experiment": json.dumps(client_settings(cfg)), "server-round": 1})})
     return Message(content=content, dst_node_id=1, message_type="train")
 
 
