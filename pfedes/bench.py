@@ -31,6 +31,7 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from .config import ConfigError, conf_dir, device_train_settings, experiment_config, with_later_settings
+from .devices import check_simulation_devices
 from .recording import shown_path
 
 LAST_ROUNDS = 5
@@ -418,7 +419,8 @@ def training_note(cfg: dict[str, Any]) -> str:
     """The local training settings, and what each device profile set for itself."""
     t = cfg["train"]
     note = (f"SGD lr {t['lr']}, momentum {t['momentum']}, batch {t['batch_size']}, "
-            f"{t['local_epochs']} local epoch(s) per round")
+            f"{t['local_epochs']} local epoch(s) per round, device {t.get('device', 'cpu')}"
+            + ("" if t.get("amp", "none") == "none" else f", amp {t['amp']}"))
     own = device_train_settings(cfg)
     if own:
         note += "; " + "; ".join(f"{d}: " + ", ".join(f"{k} {v}" for k, v in sorted(s.items()))
@@ -515,6 +517,8 @@ def bench(bench_cfg: dict[str, Any], task_overrides: list[str]) -> list[Run]:
     configs = {(name, seed): experiment_config([*run_overrides(common, per_strategy, name, presets[name]),
                                                 f"seed={seed}", f"out_dir={out_dir / name / f'seed{seed}'}"])
                for seed in seeds for name in strategies}
+    for cfg in configs.values():  # every run's devices, before the first run starts
+        check_simulation_devices(cfg)
     out_dir.mkdir(parents=True, exist_ok=True)
 
     diagnosis = {}

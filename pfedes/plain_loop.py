@@ -14,6 +14,7 @@ import torch
 from .client_round import build_trainer, evaluate_round, load_node_data, train_round
 from .config import for_device
 from .data import load_split, num_classes_of
+from .devices import placement_for
 from .methods import method_of
 from .models import resolve_architecture
 from .robust import weighted_average
@@ -49,8 +50,10 @@ def run_plain(cfg: dict[str, Any], threads: int | None = None, progress: bool = 
         replies, weights = [], []
         for p in range(n):
             data = load_node_data(cfg, cfg["data"]["path"], p, n)
-            own = for_device(cfg, devices[p % len(devices)])  # the profile's train.by_device values
-            trainer = trainers.get(p) or trainers.setdefault(p, build_trainer(own, arch[p], data.num_classes, p))
+            profile = devices[p % len(devices)]
+            own = for_device(cfg, profile)  # the profile's train.by_device values
+            trainer = trainers.get(p) or trainers.setdefault(
+                p, build_trainer(own, arch[p], data.num_classes, p, placement_for(own, profile)))
             shared, metrics = train_round(trainer, dict(sent), data, own, p, server_round)
             replies.append({k: v.numpy() for k, v in shared.items()})
             weights.append(float(metrics["num-examples"]))
