@@ -311,3 +311,55 @@ def test_private_state_saved_on_the_cpu_resumes_on_cuda_and_back(small_data, cfg
     StateStore().save(tmp_path / "cuda.pt", on_cuda, 2)
     back, _ = StateStore().get(tmp_path / "cuda.pt", None, lambda: build_trainer(cfg, "cnn3", 10, 0))
     assert state_digest(back.state_dict()) == state_digest(on_cuda.state_dict())
+
+
+# -- end to end: a simulation, and the GPU smoke script's CPU side --------------------------------------
+@pytest.mark.slow
+@pytest.mark.skipif(CUDA, reason="proves that auto picks the CPU where there is no CUDA")
+def test_a_simulation_with_every_profile_on_auto_trains_on_the_cpu_here(tmp_path):
+    from conftest import make_cfg
+
+    from pfedes.sim import simulate
+
+    summary = simulate(make_cfg("num_clients=3", "num_rounds=1", "data.samples_per_client=60", "train.device=auto",
+                                f"out_dir={tmp_path}"))
+    assert summary["config"]["train"]["device"] == "auto"
+    states = sorted((tmp_path / "client_state").glob("pfedes-p*.pt"))
+    assert len(states) == 3
+    for path in states:  # no map_location: every tensor a client saved is a CPU tensor
+        assert {t.device.type for t in torch.load(path, weights_only=False)["trainer"]["exchange"].values()} == {"cpu"}
+
+
+def run_smoke(*args: str, timeout: int):
+    """benchmarks/gpu_smoke.py from the repository root, importing this checkout's pfedes."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
+    return subprocess.run([sys.executable, "benchmarks/gpu_smoke.py", *args], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.skipif(CUDA, reason="checks what the smoke script does without a GPU")
+def test_the_gpu_smoke_script_says_in_one_line_that_there_is_no_gpu(tmp_path):
+    result = run_smoke("--out", str(tmp_path / "smoke.json"), timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines() == [
+        "gpu_smoke: no CUDA device on this machine (torch.cuda.is_available() is False): nothing to compare, "
+        "nothing written; --cpu-only runs the CPU side alone"]
+    assert not (tmp_path / "smoke.json").exists()
+
+
+@pytest.mark.slow
+def test_the_gpu_smoke_scripts_cpu_side_runs_at_tiny_size(tmp_path):
+    out = tmp_path / "smoke.json"
+    result = run_smoke("--cpu-only", "--rounds", "1", "--clients", "3", "--out", str(out),
+                       "--work-dir", str(tmp_path / "runs"), "data.samples_per_client=60", timeout=1200)
+    assert result.returncode == 0, result.stderr[-2000:]
+    written = json.loads(out.read_text())
+    assert set(written["sides"]) == {"cpu"} and written["settings"]["num_clients"] == 3
+    cpu = written["sides"]["cpu"]
+    assert len(cpu["seconds_by_round"]) == 1 and len(cpu["acc_by_client_last"]) == 3 and cpu["clients_dropped"] == 0
