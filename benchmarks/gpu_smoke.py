@@ -53,7 +53,9 @@ def run_side(name: str, overrides: list[str], common: list[str], work: Path, set
     rounds = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
     seconds = [float(r["seconds"]) for r in rounds]
     steady = seconds[1:] or seconds  # round 1 pays each client's start-up (CUDA context, first kernels)
-    return {"overrides": overrides, "seconds_total": total, "seconds_by_round": seconds,
+    return {"overrides": overrides, "num_clients": cfg["num_clients"], "num_rounds": cfg["num_rounds"],
+            "data": cfg["data"]["path"], "samples_per_client": cfg["data"]["samples_per_client"],
+            "seconds_total": total, "seconds_by_round": seconds,
             "seconds_per_round_after_the_first": statistics.median(steady),
             "acc_mean_last": rounds[-1]["acc_mean"], "acc_mean_last5": summary.get("acc_mean_last5"),
             "acc_by_client_last": rounds[-1]["acc_by_client"],

@@ -360,6 +360,6 @@ def test_the_gpu_smoke_scripts_cpu_side_runs_at_tiny_size(tmp_path):
                        "--work-dir", str(tmp_path / "runs"), "data.samples_per_client=60", timeout=1200)
     assert result.returncode == 0, result.stderr[-2000:]
     written = json.loads(out.read_text())
-    assert set(written["sides"]) == {"cpu"} and written["settings"]["num_clients"] == 3
     cpu = written["sides"]["cpu"]
+    assert set(written["sides"]) == {"cpu"} and cpu["num_clients"] == 3 and cpu["samples_per_client"] == 60
     assert len(cpu["seconds_by_round"]) == 1 and len(cpu["acc_by_client_last"]) == 3 and cpu["clients_dropped"] == 0
