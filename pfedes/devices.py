@@ -50,7 +50,10 @@ class Placement:
     amp: str = "none"
 
     def autocast(self):
-        """The context the training steps and evaluation forwards run in."""
+        """The context the training steps and evaluation forwards run in. A method's step is one
+        function (forward, backward, optimizer step), so the whole of it runs inside: PyTorch
+        advises autocast around the forwards only, but backward ops run in their forward's
+        dtypes either way, and bf16 needs no gradient scaling."""
         if self.amp == "bf16":
             import torch
 
