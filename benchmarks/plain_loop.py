@@ -14,6 +14,7 @@ import torch
 from pfedes.client_round import build_trainer, evaluate_round, load_node_data, train_round
 from pfedes.config import for_device
 from pfedes.data import load_split, num_classes_of
+from pfedes.devices import check_simulation_devices
 from pfedes.methods import method_of
 from pfedes.models import resolve_architecture
 from pfedes.robust import weighted_average
@@ -41,6 +42,7 @@ def run_plain(cfg: dict[str, Any], threads: int | None = None, progress: bool = 
     arch = [resolve_architecture(devices[p % len(devices)], profiles) for p in range(n)]
     current = {k: v.numpy() for k, v in trainer_cls.initial_shared(cfg, arch[0], num_classes).items()}
     beta = getattr(method.settings_from(cfg), "server_momentum", 0.0)
+    placements = check_simulation_devices(cfg)  # each profile's device as the simulation would give it
     trainers: dict[int, Any] = {}
     rounds = []
     t_last = time.perf_counter()
@@ -49,8 +51,10 @@ def run_plain(cfg: dict[str, Any], threads: int | None = None, progress: bool = 
         replies, weights = [], []
         for p in range(n):
             data = load_node_data(cfg, cfg["data"]["path"], p, n)
-            own = for_device(cfg, devices[p % len(devices)])  # the profile's train.by_device values
-            trainer = trainers.get(p) or trainers.setdefault(p, build_trainer(own, arch[p], data.num_classes, p))
+            profile = devices[p % len(devices)]
+            own = for_device(cfg, profile)  # the profile's train.by_device values
+            trainer = trainers.get(p) or trainers.setdefault(
+                p, build_trainer(own, arch[p], data.num_classes, p, placements[profile]))
             shared, metrics = train_round(trainer, dict(sent), data, own, p, server_round)
             replies.append({k: v.numpy() for k, v in shared.items()})
             weights.append(float(metrics["num-examples"]))

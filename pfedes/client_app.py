@@ -11,6 +11,9 @@ Node config (deployment: `flower-supernode --node-config "..."`; simulation sets
   state-dir      where the private state is saved (default: <out_dir>/client_state)
   partition-id   this node's partition when several nodes share one dataset
   num-partitions number of such partitions (default: num_clients; 1 = use the whole dataset)
+
+The torch device it trains on is its profile's train.device (train.by_device.<profile>.device),
+resolved on this node at each message (pfedes/devices.py).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from .client_state import StateStore
 from .compression import Codec
 from .config import for_device
 from .data import DataError
+from .devices import DeviceError, placement_for
 from .models import resolve_architecture
 from .privacy import local_dp_mod
 from .strategies.base import EVAL_IN_TRAIN_KEY, METRICS_KEY
@@ -112,25 +116,28 @@ def _setup(msg: Message, context: Context):
     cfg = parse_experiment(str(config["experiment"]))
     node = resolve_node(cfg, dict(context.node_config), context.node_id)
     cfg = for_device(cfg, node.device)  # its profile's own training settings (train.by_device)
+    placement = placement_for(cfg, node.device)  # train.device on this node: DeviceError if it has none
     set_threads(threads_for(cfg))
     data = load_node_data(cfg, node.data_path, node.partition_id, node.num_partitions, node.state_file.parent)
     known = context.state.config_records.get(VERSION_KEY)
     version = int(known["version"]) if known is not None else None
     trainer, version = STORE.get(node.state_file, version,
-                                 lambda: build_trainer(cfg, node.arch, data.num_classes, node.partition_id),
+                                 lambda: build_trainer(cfg, node.arch, data.num_classes, node.partition_id,
+                                                       placement),
                                  cfg.get("run_token", ""))
     return cfg, node, data, trainer, version
 
 
 def _setup_errors_as_replies(handler):
-    """A node-config or data error ends this ClientApp with one log line that names the key, and
-    with an error reply: the server drops it with a warning and the round goes on without it."""
+    """A node-config, device or data error ends this ClientApp with one log line that names the
+    key, and with an error reply: the server drops it with a warning and the round goes on
+    without it (a node without the device its train.device names fails, not the server)."""
 
     @functools.wraps(handler)
     def wrapper(msg: Message, context: Context) -> Message:
         try:
             return handler(msg, context)
-        except (NodeConfigError, DataError) as exc:
+        except (NodeConfigError, DeviceError, DataError) as exc:
             log(ERROR, "pfedes ClientApp: %s", exc)
             return Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=str(exc)), reply_to=msg)
 

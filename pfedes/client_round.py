@@ -10,6 +10,7 @@ import torch
 
 from .contribution import client_report
 from .data import ClientData, load_client_data
+from .devices import Placement, placement_for
 
 
 def load_node_data(cfg: dict[str, Any], data_path: str, partition_id: int, num_partitions: int,
@@ -22,12 +23,15 @@ def load_node_data(cfg: dict[str, Any], data_path: str, partition_id: int, num_p
                             float(data_cfg.get("val_fraction", 0.0)))
 
 
-def build_trainer(cfg: dict[str, Any], arch: str, num_classes: int, partition_id: int):
+def build_trainer(cfg: dict[str, Any], arch: str, num_classes: int, partition_id: int,
+                  placement: Placement | None = None):
     """A fresh trainer; its private model's initialisation depends on (seed, partition) only, so
-    every method starts each client from the same private model."""
+    every method starts each client from the same private model, on any device. `placement`:
+    where it trains (default: cfg's train.device resolved on this machine, `devices.placement_for`)."""
     from .methods import method_of
 
-    return method_of(cfg).trainer(cfg, arch, num_classes, seed=int(cfg["seed"]) * 100_003 + partition_id)
+    return method_of(cfg).trainer(cfg, arch, num_classes, seed=int(cfg["seed"]) * 100_003 + partition_id,
+                                  placement=placement or placement_for(cfg))
 
 
 def train_round(trainer, arrays: dict[str, torch.Tensor], data: ClientData, cfg: dict[str, Any],

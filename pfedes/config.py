@@ -123,7 +123,8 @@ def experiment_config(overrides: Sequence[str] = ()) -> dict[str, Any]:
     return cfg
 
 
-DEVICE_TRAIN_KEYS = {"lr": float, "local_epochs": int, "batch_size": int, "torch_threads": int}
+DEVICE_TRAIN_KEYS = {"lr": float, "local_epochs": int, "batch_size": int, "torch_threads": int,
+                     "device": str, "amp": str}  # device, amp: checked by pfedes/devices.py
 
 
 # What a client reads of the experiment; the rest (the aggregation rule, selection, privacy,
@@ -195,7 +196,7 @@ def validate(cfg: dict[str, Any]) -> None:
         for key, value in (own or {}).items():
             name = f"train.by_device.{device}.{key}"
             need(key in DEVICE_TRAIN_KEYS, f"{name} is unknown: a profile may set {sorted(DEVICE_TRAIN_KEYS)}")
-            if value is None:
+            if value is None or DEVICE_TRAIN_KEYS[key] is str:
                 continue
             need(isinstance(value, (int, float)) and not isinstance(value, bool)
                  and (DEVICE_TRAIN_KEYS[key] is float or float(value).is_integer()),
@@ -203,6 +204,10 @@ def validate(cfg: dict[str, Any]) -> None:
             low = {"lr": 0.0, "local_epochs": 1, "batch_size": 2, "torch_threads": 0}[key]
             need(value > low if key == "lr" else value >= low,
                  f"{name} must be {'>' if key == 'lr' else '>='} {low}, got {value}")
+    from .devices import setting_problem
+
+    device_problem = setting_problem(cfg)
+    need(device_problem is None, str(device_problem))
     from .compression import Codec
     from .methods import settings_of
     from .privacy import Privacy

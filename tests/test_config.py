@@ -117,7 +117,7 @@ def test_the_bench_says_which_settings_each_profile_used():
     from pfedes.bench.tables import training_note
 
     note = training_note(experiment_config(["train.by_device.phone.local_epochs=2"]))
-    assert note.endswith("1 local epoch(s) per round; phone: local_epochs 2")
+    assert note.endswith("1 local epoch(s) per round, device cpu; gpu-host: device auto; phone: local_epochs 2")
 
 
 @pytest.mark.parametrize("override, message", [
