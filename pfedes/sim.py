@@ -14,7 +14,7 @@ import hydra
 from omegaconf import DictConfig
 
 from .config import ConfigError, conf_dir, to_dict, validate
-from .data import DataError, resolve_data_dir
+from .data import DataError, DataSource, check_data
 from .flower_log import quiet_flower
 
 
@@ -29,7 +29,7 @@ def simulate(cfg: dict[str, Any], client_app=None) -> dict[str, Any]:
 
     client_app = client_app or pfedes_client_app
     validate(cfg)
-    resolve_data_dir(cfg["data"]["path"])  # fail fast, with one line, before Ray starts
+    check_data(DataSource.from_cfg(cfg["data"]), int(cfg["num_clients"]))  # fail fast, with one line, before Ray starts
     check_method_settings(cfg)
     cfg = prepare(cfg)
     result: dict[str, Any] = {}

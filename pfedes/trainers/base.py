@@ -10,7 +10,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ..data import ClientData, batches
+from ..data import ClientData, ImageFormat, batches
 from ..filters import shared_keys
 from ..models import build_client_model
 from ..validation import arrays_problem
@@ -36,11 +36,15 @@ class Trainer:
     shares_feature_extractor = False  # methods that share one set `shared_features` (proxy diagnostics)
     requires_same_architecture = False  # homogeneous-model methods set this
 
-    def __init__(self, cfg: dict[str, Any], arch: str, num_classes: int, seed: int) -> None:
+    def __init__(self, cfg: dict[str, Any], arch: str, num_classes: int, seed: int,
+                 image: ImageFormat | None = None) -> None:
+        """`image`: the input's channels, size and statistics (ClientData.image_format; the
+        default is 3 x 32 x 32, unstandardised)."""
         from ..methods import method_of
 
         self.cfg = cfg
         self.arch = arch
+        self.image = image or ImageFormat()
         method = method_of(cfg)
         # The method's typed settings (methods/), checked: a subclass reads self.settings.KEY.
         self.settings = method.settings_from(cfg)
@@ -50,7 +54,7 @@ class Trainer:
             torch.manual_seed(seed)
             model_cfg = cfg["model"]
             self.model = build_client_model(arch, num_classes, model_cfg["proxy_dim"],
-                                            model_cfg["feature_dim"])
+                                            model_cfg["feature_dim"], self.image.channels, self.image.size)
             self.exchange = nn.ModuleDict(dict(self.model.named_children()))
             # Method modules that never leave the client (a personal model): persisted with the
             # trainer, switched between train and eval mode with the model, never filtered.
@@ -127,7 +131,7 @@ class Trainer:
         counts: dict[str, int] = {}
         for _ in range(epochs):
             for x, y in batches(data.x_train, data.y_train, train["batch_size"], generator,
-                                train=True, do_augment=train["augment"]):
+                                train=True, do_augment=train["augment"], fmt=self.image):
                 for key, value in self.train_step(x, y).items():
                     sums[key] = sums.get(key, 0.0) + value
                     counts[key] = counts.get(key, 0) + 1
@@ -151,7 +155,7 @@ class Trainer:
         self.exchange.eval()
         self.private.eval()
         correct, loss_sum = 0, 0.0
-        for x, y in batches(x_uint8, labels, 256, None, train=False, do_augment=False):
+        for x, y in batches(x_uint8, labels, 256, None, train=False, do_augment=False, fmt=self.image):
             logits = predict(x)
             loss_sum += F.cross_entropy(logits, y, reduction="sum").item()
             correct += (logits.argmax(1) == y).sum().item()
@@ -178,6 +182,7 @@ class Trainer:
 
     # -- server side -----------------------------------------------------------------------
     @classmethod
-    def initial_shared(cls, cfg: dict[str, Any], arch: str, num_classes: int) -> dict[str, torch.Tensor]:
+    def initial_shared(cls, cfg: dict[str, Any], arch: str, num_classes: int,
+                       image: ImageFormat | None = None) -> dict[str, torch.Tensor]:
         """The initial shared entries the server starts from (seeded by `cfg['seed']`)."""
-        return cls(cfg, arch, num_classes, seed=int(cfg["seed"])).shared_state()
+        return cls(cfg, arch, num_classes, seed=int(cfg["seed"]), image=image).shared_state()

@@ -50,7 +50,7 @@ class PerFedAvgTrainer(FedAvgTrainer):
         """A copy of the model after one inner step on one local train batch."""
         train = self.cfg["train"]
         generator = torch.Generator().manual_seed(self.steps)
-        x, y = next(batches(data.x_train, data.y_train, train["batch_size"], generator,
+        x, y = next(batches(data.x_train, data.y_train, train["batch_size"], generator, fmt=self.image,
                             train=True, do_augment=train["augment"]))
         model = copy.deepcopy(self.model)
         model.train()

@@ -24,7 +24,7 @@ from .base import Trainer
 
 class PFedESPaperTrainer(Trainer):
     def build_extra_modules(self) -> None:
-        self.generator = ConvGenerator()
+        self.generator = ConvGenerator(self.image.channels)
         self.exchange["proxy"] = self.generator
         s = self.settings  # checked: methods/pfedes_paper.py
         self.mu, self.generator_epochs, self.grad_clip = s.mu, s.generator_epochs, s.grad_clip
@@ -64,7 +64,7 @@ class PFedESPaperTrainer(Trainer):
         try:
             for _ in range(self.generator_epochs):
                 for x, y in batches(data.x_train, data.y_train, train["batch_size"], generator,
-                                    train=True, do_augment=train["augment"]):
+                                    train=True, do_augment=train["augment"], fmt=self.image):
                     losses.append(self.generator_step(x, y))
         finally:
             self.model.requires_grad_(True)
