@@ -209,7 +209,7 @@ def _read_parquet_dir(directory: Path, label: str) -> dict[str, list]:
                 table = pq.read_table(file)
             except Exception as exc:  # pyarrow raises several types for a bad file
                 raise DataError(f"cannot read '{file}' as Parquet: {exc}") from None
-            splits.setdefault(str(split), []).append((file, datasets.Dataset(table)))
+            splits.setdefault(str(split), []).append((file, datasets.Dataset(table, fingerprint=_fingerprint(file))))
     if not splits:
         raise DataError(f"data path '{label}' has no Parquet files")
     return splits
@@ -319,6 +319,13 @@ def _headers(cells: list) -> list:
     return out
 
 
+def _fingerprint(*parts) -> str:
+    """A datasets fingerprint from what identifies a table here (datasets would hash the table)."""
+    import hashlib
+
+    return hashlib.sha256(repr(parts).encode()).hexdigest()[:16]
+
+
 @dataclass
 class Split:
     """One split as the rest of the package reads it: `dataset` has columns img and label (int64),
@@ -391,7 +398,7 @@ def read_splits(source: DataSource) -> dict[str, Split]:
             continue
         parts = [_standardise(ds, source, str(file), split) for file, ds in raw[split]]
         table = pa.concat_tables([p[0] for p in parts])
-        splits[split] = Split(datasets.Dataset(table), [m for p in parts for m in p[1]],
+        splits[split] = Split(datasets.Dataset(table, fingerprint=_fingerprint(source, split)), [m for p in parts for m in p[1]],
                               [s for p in parts for s in p[2]], parts[0][3])
     train = splits["train"]
     classes = np.unique(train.dataset.data.column("label").to_numpy())
@@ -406,7 +413,9 @@ def read_splits(source: DataSource) -> dict[str, Split]:
 
 
 def _hold_out(train: Split) -> tuple[Split, Split]:
-    parts = train.dataset.train_test_split(test_size=HOLDOUT_FRACTION, seed=HOLDOUT_SEED)
+    parts = train.dataset.train_test_split(test_size=HOLDOUT_FRACTION, seed=HOLDOUT_SEED,
+                                           train_new_fingerprint=_fingerprint(train.dataset._fingerprint, "train"),  # noqa: SLF001
+                                           test_new_fingerprint=_fingerprint(train.dataset._fingerprint, "test"))  # noqa: SLF001
     out = []
     for name in ("train", "test"):
         ds = parts[name]
