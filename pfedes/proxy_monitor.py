@@ -1,6 +1,6 @@
 """Is the shared proxy extractor learning anything? Server-side diagnostics for every method
 whose trainer shares a feature extractor (`Trainer.shared_features`), computed each round on
-the unified test set (test.parquet, `data.unified_test_samples` rows):
+the unified test set (the data's test split, `data.unified_test_samples` rows):
 
 - `proxy_std`: the mean over dimensions of the std of E_proxy(x) across samples;
 - `probe_acc`: a linear classifier trained on the proxy's features of the first half of those
