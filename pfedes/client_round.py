@@ -15,8 +15,8 @@ from .data import ClientData, DataSource, ImageFormat, load_client_data
 def load_node_data(cfg: dict[str, Any], data_path: str, partition_id: int, num_partitions: int,
                    cache_dir: Path | None = None) -> ClientData:
     data_cfg = cfg["data"]
-    return load_client_data(DataSource.from_cfg(data_cfg, data_path), data_cfg["partition"], num_partitions, partition_id,
-                            int(cfg["seed"]), int(data_cfg["classes_per_client"]),
+    return load_client_data(DataSource.from_cfg(data_cfg, data_path), data_cfg["partition"], num_partitions,
+                            partition_id, int(cfg["seed"]), int(data_cfg["classes_per_client"]),
                             float(data_cfg["alpha"]), int(data_cfg["samples_per_client"]),
                             float(data_cfg["test_fraction"]), cache_dir,
                             float(data_cfg.get("val_fraction", 0.0)))

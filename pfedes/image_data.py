@@ -12,7 +12,8 @@ A data path is one of:
 
 Columns: the image column is the one `Image` feature, else the one struct column with `bytes`;
 the label column is the one `ClassLabel`, else the one integer column; `data.image_column` and
-`data.label_column` name them instead. Without a test split, `HOLDOUT_FRACTION` of the train
+`data.label_column` name them instead. A validation split stands in for a missing test split;
+without either, `HOLDOUT_FRACTION` of the train
 rows are held out as the test split by `datasets`' `train_test_split` with seed `HOLDOUT_SEED`
 (fixed, not the run's seed, so every run and every node holds out the same rows).
 
@@ -339,16 +340,12 @@ class Split:
 
 def _standardise(dataset, source: DataSource, label: str, split_name: str):
     """(img, label) columns, readable rows only, plus the headers of those images."""
-    import datasets
     import pyarrow as pa
 
     image_col = image_column_of(dataset, source.image_column, label)
     label_col = label_column_of(dataset, image_col, source.label_column, label)
     names = getattr(dataset.features[label_col], "names", None)
-    table = dataset.data.table if hasattr(dataset.data, "table") else dataset.data
-    if dataset._indices is not None:  # noqa: SLF001  a selection: materialise it
-        dataset = dataset.flatten_indices(keep_in_memory=True)
-        table = dataset.data.table
+    table = dataset.data.table
     cells = table.column(image_col).to_pylist()
     headers = _headers(cells)
     readable = [i for i, h in enumerate(headers) if h is not None]
@@ -359,8 +356,6 @@ def _standardise(dataset, source: DataSource, label: str, split_name: str):
         logger.warning("[pfedes] skipped %d unreadable image(s) of %d in '%s' (%s), first at row %d",
                        len(cells) - len(readable), len(cells), label, split_name, first)
     labels = table.column(label_col)
-    if not pa.types.is_integer(labels.type) and not isinstance(dataset.features[label_col], datasets.ClassLabel):
-        raise DataError(f"'{label}': labels in column '{label_col}' are not class ids")
     out = pa.table({"img": table.column(image_col), "label": labels.cast(pa.int64())})
     if len(readable) < len(cells):
         out = out.take(pa.array(readable))
@@ -384,6 +379,8 @@ def read_splits(source: DataSource) -> dict[str, Split]:
         directory = resolve_data_dir(source.path)
         reader = _read_parquet_dir if layout == "parquet" else _read_image_folder
         raw = reader(directory, source.path)
+    if "test" not in raw and "validation" in raw:
+        raw["test"] = raw.pop("validation")
     if "train" not in raw:
         if len(raw) != 1:
             raise DataError(f"data path '{source.path}' has splits {sorted(raw)} but none named train")
@@ -398,8 +395,8 @@ def read_splits(source: DataSource) -> dict[str, Split]:
             continue
         parts = [_standardise(ds, source, str(file), split) for file, ds in raw[split]]
         table = pa.concat_tables([p[0] for p in parts])
-        splits[split] = Split(datasets.Dataset(table, fingerprint=_fingerprint(source, split)), [m for p in parts for m in p[1]],
-                              [s for p in parts for s in p[2]], parts[0][3])
+        splits[split] = Split(datasets.Dataset(table, fingerprint=_fingerprint(source, split)),
+                              [m for p in parts for m in p[1]], [s for p in parts for s in p[2]], parts[0][3])
     train = splits["train"]
     classes = np.unique(train.dataset.data.column("label").to_numpy())
     if len(classes) < 2:
@@ -408,20 +405,26 @@ def read_splits(source: DataSource) -> dict[str, Split]:
     if (classes < 0).any():
         raise DataError(f"data path '{source.path}' has negative labels {classes[classes < 0].tolist()}")
     if "test" not in splits:
-        splits["train"], splits["test"] = _hold_out(train)
+        splits["train"], splits["test"] = _hold_out(train, source)
     return splits
 
 
-def _hold_out(train: Split) -> tuple[Split, Split]:
-    parts = train.dataset.train_test_split(test_size=HOLDOUT_FRACTION, seed=HOLDOUT_SEED,
-                                           train_new_fingerprint=_fingerprint(train.dataset._fingerprint, "train"),  # noqa: SLF001
-                                           test_new_fingerprint=_fingerprint(train.dataset._fingerprint, "test"))  # noqa: SLF001
+def _hold_out(train: Split, source: DataSource) -> tuple[Split, Split]:
+    """(train, test): HOLDOUT_FRACTION of the rows drawn by datasets' train_test_split (seed
+    HOLDOUT_SEED) as the test split."""
+    import datasets
+
+    numbered = train.dataset.add_column("row", np.arange(len(train.dataset)),
+                                        new_fingerprint=_fingerprint(source, "numbered"))
+    parts = numbered.train_test_split(test_size=HOLDOUT_FRACTION, seed=HOLDOUT_SEED,
+                                      train_new_fingerprint=_fingerprint(source, "held-in"),
+                                      test_new_fingerprint=_fingerprint(source, "held-out"))
     out = []
     for name in ("train", "test"):
-        ds = parts[name]
-        rows = np.asarray(ds._indices.column(0).to_numpy()) if ds._indices is not None else np.arange(len(ds))  # noqa: SLF001
-        ds = ds.flatten_indices(keep_in_memory=True)
-        out.append(Split(ds, [train.modes[i] for i in rows], [train.sizes[i] for i in rows], train.class_names))
+        rows = np.asarray(parts[name]["row"], dtype=np.int64)
+        table = train.dataset.data.table.take(rows)
+        out.append(Split(datasets.Dataset(table, fingerprint=_fingerprint(source, name, "held")),
+                         [train.modes[i] for i in rows], [train.sizes[i] for i in rows], train.class_names))
     return out[0], out[1]
 
 

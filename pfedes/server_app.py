@@ -114,8 +114,8 @@ def warn_of_classes_in_no_client(cfg: dict[str, Any]) -> None:
     data = cfg["data"]
     if data["partition"] != "pathological" or int(cfg["num_clients"]) == 1:
         return
-    missing = classes_in_no_partition(DataSource.from_cfg(data), data["partition"], int(cfg["num_clients"]), int(cfg["seed"]),
-                                      int(data["classes_per_client"]), float(data["alpha"]))
+    missing = classes_in_no_partition(DataSource.from_cfg(data), data["partition"], int(cfg["num_clients"]),
+                                      int(cfg["seed"]), int(data["classes_per_client"]), float(data["alpha"]))
     if missing:
         log(WARNING, "[pfedes] classes %s are in no client's data (%d clients x data.classes_per_client %d): "
             "the personal accuracies cover the other classes only; more clients or classes per client "

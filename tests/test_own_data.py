@@ -33,7 +33,8 @@ def test_a_28x28_grayscale_dataset_is_read_in_every_layout(tmp_path, layout):
     assert data.x_train.shape[1:] == (1, 28, 28) and data.x_train.dtype == torch.uint8
     assert data.image_format == fmt and data.num_classes == 10
     # the statistics are those of the training images, not constants
-    pixels = np.stack([np.asarray(open_image(cell)) for cell in load_split(root, "train").data.column("img").to_pylist()])
+    cells = load_split(root, "train").data.column("img").to_pylist()
+    pixels = np.stack([np.asarray(open_image(cell)) for cell in cells])
     assert fmt.mean[0] == pytest.approx(pixels.mean() / 255, abs=1e-4)
     assert fmt.std[0] == pytest.approx(pixels.std() / 255, abs=1e-3)
 
@@ -74,6 +75,13 @@ def test_columns_are_found_by_their_features_and_overrides_choose_others(tmp_pat
         load_split(DataSource(str(tmp_path / "two"), image_column="nope"), "train")
 
 
+def test_a_validation_split_stands_in_for_a_missing_test_split(tmp_path):
+    images, labels = make_images(30, 3, (16, 16), "RGB")
+    write_hf_parquet(tmp_path / "train.parquet", images[:20], labels[:20], 3)
+    write_hf_parquet(tmp_path / "validation.parquet", images[20:], labels[20:], 3)
+    assert (len(load_split(str(tmp_path), "train")), len(load_split(str(tmp_path), "test"))) == (20, 10)
+
+
 def test_rgba_becomes_rgb_and_image_size_resizes_to_a_non_square_size(tmp_path):
     images, labels = make_images(40, 4, (24, 20), "RGBA")
     write_image_folder(tmp_path, images, labels)
@@ -89,14 +97,15 @@ def test_the_decoded_cache_on_disk_is_keyed_by_the_data_settings(tmp_path):
     root = str(gray28(tmp_path / "data", "hf_parquet"))
     cache = tmp_path / "cache"
     load_client_data(root, "iid", 2, 0, 0, cache_dir=cache)
-    load_client_data(DataSource(root, image_size=(32, 32)), "iid", 2, 0, 0, cache_dir=cache)
+    resized = DataSource(root, image_size=(32, 32))
+    load_client_data(resized, "iid", 2, 0, 0, cache_dir=cache)
     files = list(cache.glob("decoded-*.pt"))
     assert len(files) == 2
     from pfedes import data as data_module
 
     data_module.DECODED._items.clear()  # a new process: read back from disk, statistics included
-    again = load_client_data(DataSource(root, image_size=(32, 32)), "iid", 2, 0, 0, cache_dir=cache)
-    assert again.x_train.shape[1:] == (1, 32, 32) and again.image_format == image_format(DataSource(root, image_size=(32, 32)))
+    again = load_client_data(resized, "iid", 2, 0, 0, cache_dir=cache)
+    assert again.x_train.shape[1:] == (1, 32, 32) and again.image_format == image_format(resized)
 
 
 # -- models for any channel count and size -------------------------------------------------------
