@@ -184,10 +184,13 @@ def source_stamp(path: str) -> tuple:
 # -- reading a layout into datasets.Dataset splits ---------------------------------------------
 
 def _quiet_datasets() -> None:
+    """No progress bars, and no retry notices: a failure is one DataError line."""
     import datasets
+    from huggingface_hub.utils import logging as hub_logging
 
     datasets.disable_progress_bars()
     datasets.logging.set_verbosity_error()
+    hub_logging.set_verbosity_error()
 
 
 def _read_parquet_dir(directory: Path, label: str) -> dict[str, list]:
