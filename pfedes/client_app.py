@@ -7,7 +7,8 @@ chosen per message from the run's settings), before it leaves the ClientApp.
 Node config (deployment: `flower-supernode --node-config "..."`; simulation sets the last two):
   device         phone | gateway | gpu-host, or an architecture name (default: clients.devices
                  cycled over partition-id)
-  data-path      directory with train.parquet/test.parquet (default: the experiment's data.path)
+  data-path      a data path as data.path takes it: a directory of Parquet files or an image
+                 folder, or a hub dataset name (default: the experiment's data.path)
   state-dir      where the private state is saved (default: <out_dir>/client_state)
   partition-id   this node's partition when several nodes share one dataset
   num-partitions number of such partitions (default: num_clients; 1 = use the whole dataset)
@@ -39,6 +40,7 @@ from .compression import Codec
 from .config import for_device
 from .data import DataError
 from .devices import DeviceError, placement_for
+from .image_data import is_hub_name
 from .models import resolve_architecture
 from .privacy import local_dp_mod
 from .strategies.base import EVAL_IN_TRAIN_KEY, METRICS_KEY
@@ -86,8 +88,9 @@ def resolve_node(cfg: dict[str, Any], node_config: dict[str, Any], node_id: int)
     except ValueError as exc:
         raise NodeConfigError(f"node-config 'device': {exc}") from None
     data_path = str(node_config.get("data-path", cfg["data"]["path"]))
-    if "data-path" in node_config and data_path != "embedded" and not Path(data_path).is_dir():
-        raise NodeConfigError(f"node-config 'data-path' '{data_path}' is not a directory")
+    if "data-path" in node_config and data_path != "embedded" and not Path(data_path).is_dir() \
+            and not is_hub_name(data_path):
+        raise NodeConfigError(f"node-config 'data-path' '{data_path}' is not a directory nor a hub dataset name")
     state_dir = Path(str(node_config.get("state-dir", cfg["client_state_dir"]))).expanduser()
     if "partition-id" not in node_config and "state-dir" not in node_config:
         partition_id_for_file = node_id
@@ -123,7 +126,7 @@ def _setup(msg: Message, context: Context):
     version = int(known["version"]) if known is not None else None
     trainer, version = STORE.get(node.state_file, version,
                                  lambda: build_trainer(cfg, node.arch, data.num_classes, node.partition_id,
-                                                       placement),
+                                                       placement, data.image_format),
                                  cfg.get("run_token", ""))
     return cfg, node, data, trainer, version
 

@@ -185,6 +185,16 @@ def validate(cfg: dict[str, Any]) -> None:
     val = float(cfg["data"].get("val_fraction", 0.0))
     need(0.0 <= val and val + float(cfg["data"]["test_fraction"]) < 1.0,
          f"data.val_fraction must be >= 0 and leave a train split beside data.test_fraction, got {val}")
+    data = cfg["data"]
+    for key in ("image_column", "label_column"):
+        value = data.get(key)
+        need(value is None or (isinstance(value, str) and value != ""),
+             f"data.{key} must be a column name or null (detect it), got {value!r}")
+    size = data.get("image_size")
+    need(size is None or (isinstance(size, int) and not isinstance(size, bool) and size >= 16)
+         or (isinstance(size, (list, tuple)) and len(size) == 2
+             and all(isinstance(v, int) and not isinstance(v, bool) and v >= 16 for v in size)),
+         f"data.image_size must be null, an integer >= 16 or [height, width] (each >= 16), got {size!r}")
     need(int(cfg["probe_every"]) >= 1, f"probe_every must be >= 1, got {cfg['probe_every']}")
     need(float(cfg["train"]["lr"]) > 0, f"train.lr must be > 0, got {cfg['train']['lr']}")
     need(int(cfg["train"]["batch_size"]) >= 2, "train.batch_size must be >= 2")

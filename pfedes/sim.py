@@ -16,7 +16,7 @@ from flwr.common.logger import log
 from omegaconf import DictConfig
 
 from .config import ConfigError, conf_dir, to_dict, validate
-from .data import DataError, resolve_data_dir
+from .data import DataError, DataSource, check_data
 from .devices import check_simulation_devices, hidden_gpu_note
 from .flower_log import quiet_flower
 
@@ -36,7 +36,7 @@ def simulate(cfg: dict[str, Any], client_app=None) -> dict[str, Any]:
     note = hidden_gpu_note(cfg)
     if note:
         log(WARNING, "[pfedes] %s", note)
-    resolve_data_dir(cfg["data"]["path"])  # fail fast, with one line, before Ray starts
+    check_data(DataSource.from_cfg(cfg["data"]), int(cfg["num_clients"]))  # fail fast, with one line, before Ray starts
     check_method_settings(cfg)
     cfg = prepare(cfg)
     result: dict[str, Any] = {}

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ..data import ClientData, batches
+from ..data import ClientData, ImageFormat, batches
 from ..devices import Placement, cpu_placement
 from ..filters import shared_keys
 from ..models import build_client_model
@@ -45,13 +45,16 @@ class Trainer:
     requires_same_architecture = False  # homogeneous-model methods set this
 
     def __init__(self, cfg: dict[str, Any], arch: str, num_classes: int, seed: int,
-                 placement: Placement | None = None) -> None:
+                 placement: Placement | None = None, image: ImageFormat | None = None) -> None:
+        """`image`: the input's channels, size and statistics (ClientData.image_format; the
+        default is 3 x 32 x 32, unstandardised)."""
         from ..methods import method_of
 
         self.cfg = cfg
         self.arch = arch
         self.placement = placement or cpu_placement()
         self.device = self.placement.device
+        self.image = image or ImageFormat()
         method = method_of(cfg)
         # The method's typed settings (methods/), checked: a subclass reads self.settings.KEY.
         self.settings = method.settings_from(cfg)
@@ -61,7 +64,7 @@ class Trainer:
             torch.manual_seed(seed)
             model_cfg = cfg["model"]
             self.model = build_client_model(arch, num_classes, model_cfg["proxy_dim"],
-                                            model_cfg["feature_dim"])
+                                            model_cfg["feature_dim"], self.image.channels, self.image.size)
             self.exchange = nn.ModuleDict(dict(self.model.named_children()))
             # Method modules that never leave the client (a personal model): persisted with the
             # trainer, switched between train and eval mode with the model, never filtered.
@@ -129,7 +132,8 @@ class Trainer:
                 generator: torch.Generator | None, train: bool, do_augment: bool):
         """data.batches (drawn and augmented on the CPU, so the same batches on every device),
         each moved to this trainer's device."""
-        for x, y in batches(x_uint8, labels, batch_size, generator, train=train, do_augment=do_augment):
+        for x, y in batches(x_uint8, labels, batch_size, generator, train=train, do_augment=do_augment,
+                            fmt=self.image):
             yield x.to(self.device), y.to(self.device)
 
     def fit(self, data: ClientData, generator: torch.Generator) -> dict[str, float]:
@@ -207,6 +211,7 @@ class Trainer:
 
     # -- server side -----------------------------------------------------------------------
     @classmethod
-    def initial_shared(cls, cfg: dict[str, Any], arch: str, num_classes: int) -> dict[str, torch.Tensor]:
+    def initial_shared(cls, cfg: dict[str, Any], arch: str, num_classes: int,
+                       image: ImageFormat | None = None) -> dict[str, torch.Tensor]:
         """The initial shared entries the server starts from (seeded by `cfg['seed']`)."""
-        return cls(cfg, arch, num_classes, seed=int(cfg["seed"])).shared_state()
+        return cls(cfg, arch, num_classes, seed=int(cfg["seed"]), image=image).shared_state()

@@ -62,7 +62,7 @@ class ClassPayloadTrainer(Trainer):
         metrics = super().fit(data, generator)
         self.exchange.eval()  # BatchNorm statistics as at inference, and left unchanged
         self.upload = local_class_means(self.class_output, data.x_train, data.y_train, self.num_classes,
-                                        device=self.device)
+                                        self.image, device=self.device)
         return metrics
 
     def shared_state(self) -> dict[str, torch.Tensor]:
@@ -70,7 +70,7 @@ class ClassPayloadTrainer(Trainer):
         return {k: v.clone() for k, v in getattr(self, "upload", {}).items()}
 
     @classmethod
-    def initial_shared(cls, cfg, arch, num_classes) -> dict[str, torch.Tensor]:
+    def initial_shared(cls, cfg, arch, num_classes, image=None) -> dict[str, torch.Tensor]:
         """No global means exist before the first round."""
         return {}
 

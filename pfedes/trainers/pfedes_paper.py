@@ -23,7 +23,7 @@ from .base import Trainer
 
 class PFedESPaperTrainer(Trainer):
     def build_extra_modules(self) -> None:
-        self.generator = ConvGenerator()
+        self.generator = ConvGenerator(self.image.channels)
         self.exchange["proxy"] = self.generator
         s = self.settings  # checked: methods/pfedes_paper.py
         self.mu, self.generator_epochs, self.grad_clip = s.mu, s.generator_epochs, s.grad_clip
