@@ -229,7 +229,8 @@ def test_on_the_cpu_a_round_is_bit_identical_to_the_loop_without_device_handling
     twin.model.train()
     generator, losses = torch.Generator().manual_seed(5), []
     for _ in range(2):
-        for x, y in batches(small_data.x_train, small_data.y_train, 16, generator, train=True, do_augment=True):
+        for x, y in batches(small_data.x_train, small_data.y_train, 16, generator, train=True, do_augment=True,
+                            fmt=twin.image):
             losses.append(twin.train_step(x, y)["train_loss"])
     assert fitted["train_loss"] == sum(losses) / len(losses)
     assert state_digest(placed.shared_state()) == state_digest(twin.shared_state())
