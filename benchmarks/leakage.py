@@ -129,7 +129,7 @@ def make_trainer(cfg: dict, partition_id: int = 0):
     from pfedes.models import resolve_architecture
 
     arch = resolve_architecture(cfg["clients"]["devices"][0], cfg["model"]["profiles"])
-    trainer = build_trainer(cfg, arch, 10, partition_id, image_of(cfg))
+    trainer = build_trainer(cfg, arch, 10, partition_id, image=image_of(cfg))
     trainer.steps = int(cfg["strategy"].get("warmup_steps", 0))
     return trainer
 

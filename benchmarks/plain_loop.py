@@ -55,7 +55,8 @@ def run_plain(cfg: dict[str, Any], threads: int | None = None, progress: bool = 
             profile = devices[p % len(devices)]
             own = for_device(cfg, profile)  # the profile's train.by_device values
             trainer = trainers.get(p) or trainers.setdefault(
-                p, build_trainer(own, arch[p], data.num_classes, p, placements[profile], data.image_format))
+                p, build_trainer(own, arch[p], data.num_classes, p, placement=placements[profile],
+                                  image=data.image_format))
             shared, metrics = train_round(trainer, dict(sent), data, own, p, server_round)
             replies.append({k: v.numpy() for k, v in shared.items()})
             weights.append(float(metrics["num-examples"]))

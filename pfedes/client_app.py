@@ -126,7 +126,7 @@ def _setup(msg: Message, context: Context):
     version = int(known["version"]) if known is not None else None
     trainer, version = STORE.get(node.state_file, version,
                                  lambda: build_trainer(cfg, node.arch, data.num_classes, node.partition_id,
-                                                       placement, data.image_format),
+                                                       placement=placement, image=data.image_format),
                                  cfg.get("run_token", ""))
     return cfg, node, data, trainer, version
 

@@ -24,7 +24,7 @@ def load_node_data(cfg: dict[str, Any], data_path: str, partition_id: int, num_p
 
 
 def build_trainer(cfg: dict[str, Any], arch: str, num_classes: int, partition_id: int,
-                  placement: Placement | None = None, image: ImageFormat | None = None):
+                  *, placement: Placement | None = None, image: ImageFormat | None = None):
     """A fresh trainer for images of `image`'s format (ClientData.image_format); its private
     model's initialisation depends on (seed, partition) only, so every method starts each client
     from the same private model, on any device. `placement`: where it trains (default: cfg's

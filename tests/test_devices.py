@@ -223,7 +223,7 @@ def test_on_the_cpu_a_round_is_bit_identical_to_the_loop_without_device_handling
     from pfedes.data import batches
 
     cfg = cfg_factory("strategy=local", "train.local_epochs=2")
-    placed = build_trainer(cfg, "cnn3", 10, 0, Placement(torch.device("cpu")))
+    placed = build_trainer(cfg, "cnn3", 10, 0, placement=Placement(torch.device("cpu")))
     fitted = placed.fit(small_data, torch.Generator().manual_seed(5))
     twin = build_trainer(cfg, "cnn3", 10, 0)
     twin.model.train()
@@ -289,7 +289,7 @@ def test_a_cuda_trainer_sends_what_a_cpu_trainer_sends(small_data, cfg_factory, 
     cfg = cfg_factory(f"strategy={strategy}")
     sent = {}
     for device in ("cpu", "cuda"):
-        trainer = build_trainer(cfg, "cnn3", 10, 0, Placement(torch.device(device)))
+        trainer = build_trainer(cfg, "cnn3", 10, 0, placement=Placement(torch.device(device)))
         sent[device], _ = train_round(trainer, first_arrays(cfg), small_data, cfg, 0, 1)
     assert {k: (v.device.type, v.dtype, v.shape) for k, v in sent["cuda"].items()} == \
            {k: ("cpu", v.dtype, v.shape) for k, v in sent["cpu"].items()}
@@ -305,7 +305,7 @@ def test_private_state_saved_on_the_cpu_resumes_on_cuda_and_back(small_data, cfg
     train_round(trainer, first_arrays(cfg), small_data, cfg, 0, 1)
     StateStore().save(tmp_path / "cpu.pt", trainer, 1)
     on_cuda, _ = StateStore().get(tmp_path / "cpu.pt", None,
-                                  lambda: build_trainer(cfg, "cnn3", 10, 0, Placement(torch.device("cuda"))))
+                                  lambda: build_trainer(cfg, "cnn3", 10, 0, placement=Placement(torch.device("cuda"))))
     assert next(on_cuda.exchange.parameters()).is_cuda
     assert state_digest(on_cuda.state_dict()) == state_digest(trainer.state_dict())
     train_round(on_cuda, first_arrays(cfg), small_data, cfg, 0, 2)

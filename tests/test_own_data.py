@@ -142,7 +142,7 @@ def test_a_trainer_built_for_the_data_trains_on_it(tmp_path):
     cfg = make_cfg(f"data.path={root}", "num_clients=2")
     data = load_client_data(root, "iid", 2, 0, 0, samples_per_client=40)
     for arch in ("cnn3", "vit_small"):
-        trainer = build_trainer(cfg, arch, data.num_classes, 0, data.image_format)
+        trainer = build_trainer(cfg, arch, data.num_classes, 0, image=data.image_format)
         assert trainer.image.channels == 1
         sent = type(trainer).initial_shared(cfg, arch, data.num_classes, data.image_format)
         shared, metrics = train_round(trainer, sent, data, cfg, 0, 1)
