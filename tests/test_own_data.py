@@ -153,7 +153,11 @@ def test_a_trainer_built_for_the_data_trains_on_it(tmp_path):
 @pytest.mark.parametrize("factory,method", [(gray28, "pfedes"), (rgb64, "pfedes"), (rgb64, "lgfedavg")])
 def test_the_plain_loop_runs_a_method_on_own_data(tmp_path, factory, method):
     """The same client and server work as a Flower run, without Flower (fast)."""
-    from pfedes.plain_loop import run_plain
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from plain_loop import run_plain
 
     root = factory(tmp_path, "plain_parquet")
     cfg = make_cfg(f"strategy={method}", f"data.path={root}", "num_clients=2", "num_rounds=1",
