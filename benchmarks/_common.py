@@ -30,11 +30,13 @@ def experiment(overrides: list[str], **settings) -> dict:
     return experiment_config(base + list(overrides))
 
 
-def write_result(name: str, result: dict) -> Path:
-    RESULTS.mkdir(parents=True, exist_ok=True)
+def write_result(name: str, result: dict, directory: Path | None = None) -> Path:
+    """<directory, default benchmarks/results>/<name>.json, with when and on what it ran."""
+    directory = RESULTS if directory is None else directory
+    directory.mkdir(parents=True, exist_ok=True)
     result = {"benchmark": name, "when": time.strftime("%Y-%m-%dT%H:%M:%S"),
               "machine": {"cpus": os.cpu_count(), "python": platform.python_version()}, **result}
-    path = RESULTS / f"{name}.json"
+    path = directory / f"{name}.json"
     path.write_text(json.dumps(result, indent=2))
     return path
 

@@ -115,6 +115,13 @@ def make_cfg(method: Method, data_path: str, seed: int, num_clients: int, sample
 
 
 # -- the client's side: the payload the project's trainer really sends ------------------------
+def image_of(cfg: dict):
+    """The input format (channels, size, normalisation statistics) of the run's data."""
+    from pfedes.data import DataSource, image_format
+
+    return image_format(DataSource.from_cfg(cfg["data"]))
+
+
 def make_trainer(cfg: dict, partition_id: int = 0):
     """The client's trainer, as the ClientApp builds it; past pFedES's warm-up (a client in a
     later round: during its first `warmup_steps` steps the proxy is not trained at all)."""
@@ -122,7 +129,7 @@ def make_trainer(cfg: dict, partition_id: int = 0):
     from pfedes.models import resolve_architecture
 
     arch = resolve_architecture(cfg["clients"]["devices"][0], cfg["model"]["profiles"])
-    trainer = build_trainer(cfg, arch, 10, partition_id)
+    trainer = build_trainer(cfg, arch, 10, partition_id, image=image_of(cfg))
     trainer.steps = int(cfg["strategy"].get("warmup_steps", 0))
     return trainer
 
@@ -133,7 +140,7 @@ def global_state(cfg: dict) -> dict[str, torch.Tensor]:
     from pfedes.models import resolve_architecture
 
     arch = resolve_architecture(cfg["clients"]["devices"][0], cfg["model"]["profiles"])
-    return method_of(cfg).trainer.initial_shared(cfg, arch, 10)
+    return method_of(cfg).trainer.initial_shared(cfg, arch, 10, image_of(cfg))
 
 
 def client_payload(cfg: dict, sent: dict[str, torch.Tensor], data, partition_id: int = 0,
@@ -165,7 +172,7 @@ def one_step_payload(cfg: dict, sent: dict[str, torch.Tensor], data, partition_i
         trainer.private["label_prior"].fit_to(data.y_train)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r"std\(\): degrees of freedom")
-        trainer.train_step(to_input(data.x_train), data.y_train)
+        trainer.train_step(to_input(data.x_train, trainer.image), data.y_train)
     trainer.steps += 1
     return trainer.shared_state(), trainer
 
@@ -218,7 +225,7 @@ class Attacker:
 
         arch = resolve_architecture(cfg["clients"]["devices"][0], cfg["model"]["profiles"])
         # a trainer of the method only for its shared modules: the private ones are never used
-        shell = method_of(cfg).trainer(cfg, arch, 10, seed=987_654)
+        shell = method_of(cfg).trainer(cfg, arch, 10, seed=987_654, image=image_of(cfg))
         shell.load_shared(sent)
         self.net = shell.exchange.train()
         named = dict(self.net.named_parameters())
@@ -264,10 +271,14 @@ def cosine_cost(grads: list[torch.Tensor], target: list[torch.Tensor]) -> torch.
     return 1 - dot / (gn * tn + 1e-12)
 
 
-def _box() -> tuple[torch.Tensor, torch.Tensor]:
-    from pfedes.data import CIFAR_MEAN, CIFAR_STD
+def _stats(fmt) -> tuple[torch.Tensor, torch.Tensor]:
+    return (torch.tensor(fmt.mean).view(1, -1, 1, 1), torch.tensor(fmt.std).view(1, -1, 1, 1))
 
-    return (0 - CIFAR_MEAN) / CIFAR_STD, (1 - CIFAR_MEAN) / CIFAR_STD
+
+def _box(fmt) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pixels 0 and 1 in the model's input space."""
+    mean, std = _stats(fmt)
+    return (0 - mean) / std, (1 - mean) / std
 
 
 def invert(grad_fn: Callable, target: list[torch.Tensor], labels: torch.Tensor, shape: tuple[int, ...],
@@ -314,11 +325,10 @@ def _project(x: torch.Tensor, renorm, box) -> None:
 
 
 # -- scoring ---------------------------------------------------------------------------------
-def to_pixels(x: torch.Tensor) -> torch.Tensor:
+def to_pixels(x: torch.Tensor, fmt) -> torch.Tensor:
     """Model input -> [0, 1] pixels (inverse of pfedes.data.to_input)."""
-    from pfedes.data import CIFAR_MEAN, CIFAR_STD
-
-    return (x * CIFAR_STD + CIFAR_MEAN).clamp(0, 1)
+    mean, std = _stats(fmt)
+    return (x * std + mean).clamp(0, 1)
 
 
 def score(recon: torch.Tensor, truth: torch.Tensor, flips: bool = False) -> dict[str, Any]:
@@ -349,11 +359,11 @@ def flat_images(like: torch.Tensor, colour: torch.Tensor) -> torch.Tensor:
 def input_stats(data_path: str) -> tuple[torch.Tensor, float, float]:
     """Public statistics of the data set (its test split): the mean colour in pixels, and the
     mean per-image mean and standard deviation in the model's input space."""
-    from pfedes.data import load_unified_test, to_input
+    from pfedes.data import image_format, load_unified_test, to_input
 
     x, _ = load_unified_test(data_path, 500)
     pixels = x.float() / 255
-    inputs = to_input(x).view(len(x), -1)
+    inputs = to_input(x, image_format(data_path)).view(len(x), -1)
     return pixels.mean((0, 2, 3)), float(inputs.mean(1).mean()), float(inputs.std(1).mean())
 
 
@@ -424,9 +434,9 @@ def attack_row(method: Method, case: str, batch: int, seed: int, args, stats) ->
     x, cost = invert(attacker.gradient, target, labels, (dummies, 3, 32, 32),
                      lambda: method.free_variables(10), args.iterations, args.restarts, args.tv,
                      args.attack_lr, seed, (in_mean, in_std) if attacker.scale_invariant else None,
-                     _box())
-    recon = to_pixels(x)
-    truth = to_pixels(to_input(truth_x))
+                     _box(image_of(cfg)))
+    recon = to_pixels(x, image_of(cfg))
+    truth = to_pixels(to_input(truth_x, image_of(cfg)), image_of(cfg))
     flips = case == "local_epoch"
     s = score(recon, truth, flips)
     flat = score(flat_images(recon, colour), truth, flips)

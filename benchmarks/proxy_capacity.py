@@ -32,7 +32,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=15)
     parser.add_argument("--lrs", type=float, nargs="+", default=[0.01, 0.05])
     args = parser.parse_args()
-    from pfedes.data import batches, decode_images, load_split, load_unified_test
+    from pfedes.data import batches, decode_images, image_format, load_split, load_unified_test
     from pfedes.models import ProxyExtractor
     from pfedes.models.cnn import CNN3
 
@@ -40,8 +40,9 @@ def main() -> None:
     path = default_data_path()
     table = load_split(path, "train")
     rows = np.arange(min(args.samples, len(table)))
-    x = decode_images(table, rows)
-    y = torch.from_numpy(np.asarray(table.data.column("label").take(rows).to_numpy(), dtype=np.int64))
+    fmt = image_format(path)
+    x, decoded = decode_images(table, rows, fmt)
+    y = torch.from_numpy(np.asarray(table.data.column("label").take(rows).to_numpy(), dtype=np.int64)[decoded])
     x_test, y_test = load_unified_test(path, 1000)
     models = {f"proxy ({norm})": (lambda norm=norm: nn.Sequential(ProxyExtractor(128, norm), nn.Linear(128, 10)))
               for norm in ("none", "group")}
@@ -57,7 +58,7 @@ def main() -> None:
             start = time.perf_counter()
             for _ in range(args.epochs):
                 model.train()
-                for xb, yb in batches(x, y, 32, generator, train=True, do_augment=True):
+                for xb, yb in batches(x, y, 32, generator, train=True, do_augment=True, fmt=fmt):
                     loss = F.cross_entropy(model(xb), yb)
                     optimizer.zero_grad()
                     loss.backward()
@@ -65,7 +66,8 @@ def main() -> None:
                 model.eval()
                 with torch.no_grad():
                     correct = sum(int((model(xb).argmax(1) == yb).sum())
-                                  for xb, yb in batches(x_test, y_test, 250, None, train=False, do_augment=False))
+                                  for xb, yb in batches(x_test, y_test, 250, None, train=False,
+                                                                   do_augment=False, fmt=fmt))
                 curve.append(correct / len(y_test))
             params = sum(p.numel() for p in model.parameters())
             results.append({"model": name, "lr": lr, "params": params, "test_acc_by_epoch": curve,

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from pfedes.config import with_registered_method
-from pfedes.data import load_split, load_unified_test, num_classes_of
+from pfedes.data import DataSource, image_format, load_unified_test, num_classes_of
 from pfedes.methods import method_of
 from pfedes.models import resolve_architecture
 
@@ -27,13 +27,14 @@ def score(run_dir: Path) -> float | None:
     """Global accuracy of the run's last shared model, None if the method has no global model."""
     cfg = with_registered_method(json.loads((run_dir / "summary.json").read_text())["config"])
     arrays = torch.load(run_dir / "server_checkpoint.pt", map_location="cpu", weights_only=False)["arrays"]
-    num_classes = num_classes_of(load_split(cfg["data"]["path"], "train"))
+    source = DataSource.from_cfg(cfg["data"])
+    num_classes = num_classes_of(source)
     arch = resolve_architecture(cfg["clients"]["devices"][0], cfg["model"]["profiles"])
-    trainer = method_of(cfg).trainer(cfg, arch, num_classes, seed=int(cfg["seed"]))
+    trainer = method_of(cfg).trainer(cfg, arch, num_classes, seed=int(cfg["seed"]), image=image_format(source))
     if not trainer.has_global_model:
         return None
     trainer.load_shared({k: torch.from_numpy(np.asarray(v)) for k, v in arrays.items()})
-    x, y = load_unified_test(cfg["data"]["path"], int(cfg["data"]["unified_test_samples"]))
+    x, y = load_unified_test(source, int(cfg["data"]["unified_test_samples"]))
     return trainer.accuracy(x, y, trainer.global_predict)["accuracy"]
 
 

@@ -33,11 +33,11 @@ def main(argv: list[str]) -> None:
     for p, device in enumerate(cfg["clients"]["devices"]):
         arch = resolve_architecture(device, cfg["model"]["profiles"])
         data = load_node_data(cfg, cfg["data"]["path"], p, int(cfg["num_clients"]))
-        trainer = build_trainer(cfg, arch, data.num_classes, p)
+        trainer = build_trainer(cfg, arch, data.num_classes, p, image=data.image_format)
         trainer.fit(data, torch.Generator().manual_seed(0))  # warm-up (allocator, first calls)
         bs = int(cfg["train"]["batch_size"])
         n_batches = -(-data.num_train // bs)
-        x = torch.randn(bs, 3, 32, 32)
+        x = torch.randn(bs, *data.x_train.shape[1:])
         y = torch.randint(0, data.num_classes, (bs,))
         # Interleaved epochs, best of each: a busy machine slows both sides alike.
         app_times, limit_times = [], []

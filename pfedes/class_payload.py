@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 import numpy as np
 import torch
 
-from .data import batches
+from .data import ImageFormat, batches
 from .validation import arrays_problem
 
 COUNTS_KEY = "counts"
@@ -79,12 +79,13 @@ def weighted_class_average(payloads: list[tuple[dict[int, np.ndarray], np.ndarra
 
 @torch.no_grad()
 def local_class_means(output: Callable[[torch.Tensor], torch.Tensor], x_uint8: torch.Tensor,
-                      labels: torch.Tensor, num_classes: int,
-                      batch_size: int = 256) -> dict[str, torch.Tensor]:
-    """A client's payload: the per-class mean of `output(x)` over its samples (no augmentation)."""
+                      labels: torch.Tensor, num_classes: int, fmt: ImageFormat, batch_size: int = 256,
+                      device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
+    """A client's payload: the per-class mean of `output(x)` over its samples (no augmentation).
+    `output` runs on `device`; the means are summed, and returned, on the CPU."""
     sums, counts = None, torch.zeros(num_classes, dtype=torch.int64)
-    for x, y in batches(x_uint8, labels, batch_size, None, train=False, do_augment=False):
-        out = output(x).double()
+    for x, y in batches(x_uint8, labels, batch_size, None, train=False, do_augment=False, fmt=fmt):
+        out = output(x.to(device)).double().cpu()
         if sums is None:
             sums = torch.zeros(num_classes, out.shape[1], dtype=torch.float64)
         sums.index_add_(0, y, out)

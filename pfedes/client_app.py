@@ -1,14 +1,20 @@
 """The ClientApp: one device. It builds its own architecture from its device profile, loads its
 local data, restores its private state, runs the method's trainer, and replies with only the
-entries that the method's parameter filter shares.
+entries that the method's parameter filter shares. With privacy.mode=local, the train reply's
+update is clipped and noised on the device by Flower's LocalDpMod (pfedes/privacy.py `local_dp_mod`,
+chosen per message from the run's settings), before it leaves the ClientApp.
 
 Node config (deployment: `flower-supernode --node-config "..."`; simulation sets the last two):
   device         phone | gateway | gpu-host, or an architecture name (default: clients.devices
                  cycled over partition-id)
-  data-path      directory with train.parquet/test.parquet (default: the experiment's data.path)
+  data-path      a data path as data.path takes it: a directory of Parquet files or an image
+                 folder, or a hub dataset name (default: the experiment's data.path)
   state-dir      where the private state is saved (default: <out_dir>/client_state)
   partition-id   this node's partition when several nodes share one dataset
   num-partitions number of such partitions (default: num_clients; 1 = use the whole dataset)
+
+The torch device it trains on is its profile's train.device (train.by_device.<profile>.device),
+resolved on this node at each message (pfedes/devices.py).
 """
 
 from __future__ import annotations
@@ -33,7 +39,10 @@ from .client_state import StateStore
 from .compression import Codec
 from .config import for_device
 from .data import DataError
+from .devices import DeviceError, placement_for
+from .image_data import is_hub_name
 from .models import resolve_architecture
+from .privacy import local_dp_mod
 from .strategies.base import EVAL_IN_TRAIN_KEY, METRICS_KEY
 
 app = ClientApp()
@@ -79,8 +88,9 @@ def resolve_node(cfg: dict[str, Any], node_config: dict[str, Any], node_id: int)
     except ValueError as exc:
         raise NodeConfigError(f"node-config 'device': {exc}") from None
     data_path = str(node_config.get("data-path", cfg["data"]["path"]))
-    if "data-path" in node_config and data_path != "embedded" and not Path(data_path).is_dir():
-        raise NodeConfigError(f"node-config 'data-path' '{data_path}' is not a directory")
+    if "data-path" in node_config and data_path != "embedded" and not Path(data_path).is_dir() \
+            and not is_hub_name(data_path):
+        raise NodeConfigError(f"node-config 'data-path' '{data_path}' is not a directory nor a hub dataset name")
     state_dir = Path(str(node_config.get("state-dir", cfg["client_state_dir"]))).expanduser()
     if "partition-id" not in node_config and "state-dir" not in node_config:
         partition_id_for_file = node_id
@@ -109,25 +119,28 @@ def _setup(msg: Message, context: Context):
     cfg = parse_experiment(str(config["experiment"]))
     node = resolve_node(cfg, dict(context.node_config), context.node_id)
     cfg = for_device(cfg, node.device)  # its profile's own training settings (train.by_device)
+    placement = placement_for(cfg, node.device)  # train.device on this node: DeviceError if it has none
     set_threads(threads_for(cfg))
     data = load_node_data(cfg, node.data_path, node.partition_id, node.num_partitions, node.state_file.parent)
     known = context.state.config_records.get(VERSION_KEY)
     version = int(known["version"]) if known is not None else None
     trainer, version = STORE.get(node.state_file, version,
-                                 lambda: build_trainer(cfg, node.arch, data.num_classes, node.partition_id),
+                                 lambda: build_trainer(cfg, node.arch, data.num_classes, node.partition_id,
+                                                       placement=placement, image=data.image_format),
                                  cfg.get("run_token", ""))
     return cfg, node, data, trainer, version
 
 
 def _setup_errors_as_replies(handler):
-    """A node-config or data error ends this ClientApp with one log line that names the key, and
-    with an error reply: the server drops it with a warning and the round goes on without it."""
+    """A node-config, device or data error ends this ClientApp with one log line that names the
+    key, and with an error reply: the server drops it with a warning and the round goes on
+    without it (a node without the device its train.device names fails, not the server)."""
 
     @functools.wraps(handler)
     def wrapper(msg: Message, context: Context) -> Message:
         try:
             return handler(msg, context)
-        except (NodeConfigError, DataError) as exc:
+        except (NodeConfigError, DeviceError, DataError) as exc:
             log(ERROR, "pfedes ClientApp: %s", exc)
             return Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=str(exc)), reply_to=msg)
 
@@ -160,7 +173,7 @@ def encode_upload(codec: Codec, trainer, shared: dict[str, torch.Tensor], receiv
     return ArrayRecord({k: Array(v) for k, v in encoded.items()})
 
 
-@app.train()
+@app.train(mods=[local_dp_mod])  # Flower's LocalDpMod on the reply when the run's privacy.mode is local
 @_setup_errors_as_replies
 def train(msg: Message, context: Context) -> Message:
     entered = tracing.now()

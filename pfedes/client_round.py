@@ -9,25 +9,30 @@ from typing import Any
 import torch
 
 from .contribution import client_report
-from .data import ClientData, load_client_data
+from .data import ClientData, DataSource, ImageFormat, load_client_data
+from .devices import Placement, placement_for
 
 
 def load_node_data(cfg: dict[str, Any], data_path: str, partition_id: int, num_partitions: int,
                    cache_dir: Path | None = None) -> ClientData:
     data_cfg = cfg["data"]
-    return load_client_data(data_path, data_cfg["partition"], num_partitions, partition_id,
-                            int(cfg["seed"]), int(data_cfg["classes_per_client"]),
+    return load_client_data(DataSource.from_cfg(data_cfg, data_path), data_cfg["partition"], num_partitions,
+                            partition_id, int(cfg["seed"]), int(data_cfg["classes_per_client"]),
                             float(data_cfg["alpha"]), int(data_cfg["samples_per_client"]),
                             float(data_cfg["test_fraction"]), cache_dir,
                             float(data_cfg.get("val_fraction", 0.0)))
 
 
-def build_trainer(cfg: dict[str, Any], arch: str, num_classes: int, partition_id: int):
-    """A fresh trainer; its private model's initialisation depends on (seed, partition) only, so
-    every method starts each client from the same private model."""
+def build_trainer(cfg: dict[str, Any], arch: str, num_classes: int, partition_id: int,
+                  *, placement: Placement | None = None, image: ImageFormat | None = None):
+    """A fresh trainer for images of `image`'s format (ClientData.image_format); its private
+    model's initialisation depends on (seed, partition) only, so every method starts each client
+    from the same private model, on any device. `placement`: where it trains (default: cfg's
+    train.device resolved on this machine, `devices.placement_for`)."""
     from .methods import method_of
 
-    return method_of(cfg).trainer(cfg, arch, num_classes, seed=int(cfg["seed"]) * 100_003 + partition_id)
+    return method_of(cfg).trainer(cfg, arch, num_classes, seed=int(cfg["seed"]) * 100_003 + partition_id,
+                                  placement=placement or placement_for(cfg), image=image)
 
 
 def train_round(trainer, arrays: dict[str, torch.Tensor], data: ClientData, cfg: dict[str, Any],

@@ -123,7 +123,8 @@ def experiment_config(overrides: Sequence[str] = ()) -> dict[str, Any]:
     return cfg
 
 
-DEVICE_TRAIN_KEYS = {"lr": float, "local_epochs": int, "batch_size": int, "torch_threads": int}
+DEVICE_TRAIN_KEYS = {"lr": float, "local_epochs": int, "batch_size": int, "torch_threads": int,
+                     "device": str, "amp": str}  # device, amp: checked by pfedes/devices.py
 
 
 # What a client reads of the experiment; the rest (the aggregation rule, selection, privacy,
@@ -133,11 +134,17 @@ CLIENT_KEYS = ("seed", "num_clients", "evaluate_in_train", "client_state_dir", "
 
 
 def client_settings(cfg: dict[str, Any]) -> dict[str, Any]:
-    """The part of cfg that travels to the clients in every message: CLIENT_KEYS, and of the
-    aggregation only `weighting` (it decides what a client reports: a validation score or FQI)."""
+    """The part of cfg that travels to the clients in every message: CLIENT_KEYS, of the
+    aggregation only `weighting` (it decides what a client reports: a validation score or FQI),
+    and the privacy settings only when the clients add the noise (privacy.mode=local), with the
+    noise a target epsilon asks for found here, so that a client needs no accountant."""
     sent = {k: cfg[k] for k in CLIENT_KEYS if k in cfg}
     if "aggregation" in cfg:
         sent["aggregation"] = {"weighting": cfg["aggregation"]["weighting"]}
+    if (cfg.get("privacy") or {}).get("mode") == "local":
+        from .privacy import Privacy  # flwr's DP helpers: only where local DP is asked for
+
+        sent["privacy"] = Privacy.from_cfg(cfg).client_section()
     return sent
 
 
@@ -178,6 +185,16 @@ def validate(cfg: dict[str, Any]) -> None:
     val = float(cfg["data"].get("val_fraction", 0.0))
     need(0.0 <= val and val + float(cfg["data"]["test_fraction"]) < 1.0,
          f"data.val_fraction must be >= 0 and leave a train split beside data.test_fraction, got {val}")
+    data = cfg["data"]
+    for key in ("image_column", "label_column"):
+        value = data.get(key)
+        need(value is None or (isinstance(value, str) and value != ""),
+             f"data.{key} must be a column name or null (detect it), got {value!r}")
+    size = data.get("image_size")
+    need(size is None or (isinstance(size, int) and not isinstance(size, bool) and size >= 16)
+         or (isinstance(size, (list, tuple)) and len(size) == 2
+             and all(isinstance(v, int) and not isinstance(v, bool) and v >= 16 for v in size)),
+         f"data.image_size must be null, an integer >= 16 or [height, width] (each >= 16), got {size!r}")
     need(int(cfg["probe_every"]) >= 1, f"probe_every must be >= 1, got {cfg['probe_every']}")
     need(float(cfg["train"]["lr"]) > 0, f"train.lr must be > 0, got {cfg['train']['lr']}")
     need(int(cfg["train"]["batch_size"]) >= 2, "train.batch_size must be >= 2")
@@ -189,7 +206,7 @@ def validate(cfg: dict[str, Any]) -> None:
         for key, value in (own or {}).items():
             name = f"train.by_device.{device}.{key}"
             need(key in DEVICE_TRAIN_KEYS, f"{name} is unknown: a profile may set {sorted(DEVICE_TRAIN_KEYS)}")
-            if value is None:
+            if value is None or DEVICE_TRAIN_KEYS[key] is str:
                 continue
             need(isinstance(value, (int, float)) and not isinstance(value, bool)
                  and (DEVICE_TRAIN_KEYS[key] is float or float(value).is_integer()),
@@ -197,6 +214,10 @@ def validate(cfg: dict[str, Any]) -> None:
             low = {"lr": 0.0, "local_epochs": 1, "batch_size": 2, "torch_threads": 0}[key]
             need(value > low if key == "lr" else value >= low,
                  f"{name} must be {'>' if key == 'lr' else '>='} {low}, got {value}")
+    from .devices import setting_problem
+
+    device_problem = setting_problem(cfg)
+    need(device_problem is None, str(device_problem))
     from .compression import Codec
     from .methods import settings_of
     from .privacy import Privacy

@@ -41,8 +41,9 @@ def feature_quality(trainer, x_uint8: torch.Tensor, labels: torch.Tensor) -> flo
     """FQI: the mean cosine similarity of each sample's shared features to its class mean."""
     trainer.exchange.eval()
     trainer.private.eval()
-    features = torch.cat([trainer.shared_features(x) for x, _ in
-                          batches(x_uint8, labels, 256, None, train=False, do_augment=False)])
+    features = torch.cat([trainer.shared_features(x.to(trainer.device)).cpu() for x, _ in
+                          batches(x_uint8, labels, 256, None, train=False, do_augment=False,
+                                  fmt=trainer.image)])
     features = features.flatten(1).float()
     similarity = torch.empty(len(labels))
     for c in labels.unique():

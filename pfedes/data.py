@@ -1,15 +1,16 @@
-"""Local data for a client: CIFAR-10-style Parquet, partitioned with flwr-datasets, decoded once.
+"""Local data for a client: an image dataset (pfedes/image_data.py reads its layouts),
+partitioned with flwr-datasets, decoded once.
 
-A data directory holds `train.parquet` and `test.parquet` in the Hugging Face schema
-(`img` = {bytes, path} JPEG/PNG, `label` = int). "embedded" names the small real sample shipped
-inside this package. Decoded tensors are cached per process, so a ClientApp decodes its
-partition once, not every round.
+Every function takes a `DataSource` (a data path with the data settings that decide how it is
+read) or a bare data path, read with the default settings. Decoded tensors are cached per
+process, so a ClientApp decodes its partition once, not every round, and with a cache directory
+once per device.
 """
 
 from __future__ import annotations
 
 import functools
-import io
+import logging
 import os
 import warnings
 from collections import OrderedDict
@@ -19,18 +20,19 @@ from pathlib import Path
 import numpy as np
 import torch
 
-EMBEDDED = "embedded"
-CIFAR_MEAN = torch.tensor([0.4914, 0.4822, 0.4465]).view(1, 3, 1, 1)
-CIFAR_STD = torch.tensor([0.2470, 0.2435, 0.2616]).view(1, 3, 1, 1)
+from .image_data import (EMBEDDED, DataError, DataSource, ImageFormat, as_source, decode_cells, embedded_dir,
+                         image_format, is_hub_name, read_splits, resolve_data_dir, source_stamp)
 
+__all__ = ["EMBEDDED", "ClientData", "DataError", "DataSource", "ImageFormat", "batches", "check_data",
+           "embedded_dir", "image_format", "load_client_data", "load_split", "load_unified_test", "num_classes_of",
+           "resolve_data_dir", "to_input"]
 
-class DataError(ValueError):
-    """A data path or data setting that cannot be used; the message names it."""
+logger = logging.getLogger(__name__)
 
 
 @dataclass
 class ClientData:
-    x_train: torch.Tensor  # uint8, N x 3 x 32 x 32
+    x_train: torch.Tensor  # uint8, N x C x H x W
     y_train: torch.Tensor  # int64
     x_test: torch.Tensor
     y_test: torch.Tensor
@@ -39,83 +41,56 @@ class ClientData:
     # data.val_fraction is 0.
     x_val: torch.Tensor | None = None
     y_val: torch.Tensor | None = None
+    # The dataset's per-channel statistics (image_data.image_format), for standardising inputs.
+    mean: tuple[float, ...] = (0.0, 0.0, 0.0)
+    std: tuple[float, ...] = (1.0, 1.0, 1.0)
 
     @property
     def num_train(self) -> int:
         return len(self.y_train)
 
-
-@functools.lru_cache(maxsize=1)
-def embedded_dir() -> Path:
-    """The sample shipped in the package. A FAB (`flwr run .`) carries code and text only, so
-    when this module runs from a FAB the sample is taken from the installed pfedes package."""
-    here = Path(__file__).parent / "sample"
-    if here.is_dir():
-        return here
-    import importlib.metadata
-    import json as _json
-    from urllib.parse import unquote, urlparse
-
-    try:
-        dist = importlib.metadata.distribution("pfedes")
-    except importlib.metadata.PackageNotFoundError:
-        return here
-    installed = Path(str(dist.locate_file("pfedes/sample")))
-    if installed.is_dir():
-        return installed
-    direct_url = dist.read_text("direct_url.json")  # editable install: the source tree
-    if direct_url:
-        source = Path(unquote(urlparse(_json.loads(direct_url).get("url", "")).path))
-        if (source / "pfedes" / "sample").is_dir():
-            return source / "pfedes" / "sample"
-    return here
+    @property
+    def image_format(self) -> ImageFormat:
+        _, channels, height, width = self.x_train.shape
+        return ImageFormat(channels, height, width, tuple(self.mean), tuple(self.std))
 
 
-def resolve_data_dir(path: str) -> Path:
-    """`embedded` or a directory with train.parquet and test.parquet; anything else is a DataError."""
-    directory = embedded_dir() if path == EMBEDDED else Path(path).expanduser()
-    if not directory.is_dir():
-        raise DataError(f"data path '{path}' is not a directory (expected train.parquet and test.parquet in it)")
-    for name in ("train.parquet", "test.parquet"):
-        if not (directory / name).is_file():
-            raise DataError(f"data path '{path}' has no {name} (expected train.parquet and test.parquet)")
-    return directory.resolve()
+def load_split(source: DataSource | str, split: str):
+    """The `split` ("train" or "test") of a data source as an in-memory datasets.Dataset with
+    columns `img` and `label` (pfedes/image_data.py reads the layouts)."""
+    source = as_source(source)
+    _offline_hub(source.path)
+    return read_splits(source)[split].dataset
 
 
-def _offline_hub() -> None:
-    """Keep Hugging Face's libraries off the network (the data is local Parquet): set before they
-    are first imported, which reads it, unless the user has set it."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+def num_classes_of(source: DataSource | str) -> int:
+    """The class count: the ClassLabel's names, else the largest train label + 1."""
+    train = read_splits(as_source(source))["train"]
+    if train.class_names:
+        return len(train.class_names)
+    return int(np.max(train.dataset.data.column("label").to_numpy())) + 1
 
 
-@functools.lru_cache(maxsize=4)
-def load_split(path: str, split: str):
-    """The `split` ("train" or "test") table of a data directory as a datasets.Dataset (in memory)."""
-    _offline_hub()
-    import datasets
-    import pyarrow.parquet as pq
-
-    file = resolve_data_dir(path) / f"{split}.parquet"
-    try:
-        table = pq.read_table(file)
-    except Exception as exc:  # pyarrow raises several types for a bad file
-        raise DataError(f"cannot read '{file}' as Parquet: {exc}") from None
-    missing = {"img", "label"} - set(table.column_names)
-    if missing:
-        raise DataError(f"'{file}' lacks column(s) {sorted(missing)}: expected the Hugging Face "
-                        "CIFAR-10 schema (img, label)")
-    return datasets.Dataset(table)
+def _offline_hub(path: str) -> None:
+    """Keep Hugging Face's libraries off the network when the data is local: set before they are
+    first imported, which reads it, unless the user has set it."""
+    if not is_hub_name(path):
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
-def num_classes_of(dataset) -> int:
-    feature = dataset.features["label"]
-    names = getattr(feature, "names", None)
-    return len(names) if names else int(max(dataset["label"])) + 1
+def check_data(source: DataSource | str, num_clients: int) -> None:
+    """Everything about the data that can be told before a client starts: the source is readable,
+    its columns found, its image format inferred, and there is a training sample per client."""
+    source = as_source(source)
+    train = load_split(source, "train")
+    image_format(source)
+    if len(train) < num_clients:
+        raise DataError(f"data path '{source.path}' has {len(train)} training samples, fewer than the "
+                        f"{num_clients} clients (num_clients)")
 
 
 def make_partitioner(partition: str, num_partitions: int, seed: int, classes_per_client: int = 2,
                      alpha: float = 0.3):
-    _offline_hub()
     from flwr_datasets.partitioner import DirichletPartitioner, IidPartitioner, PathologicalPartitioner
 
     if partition == "iid":
@@ -133,33 +108,33 @@ def make_partitioner(partition: str, num_partitions: int, seed: int, classes_per
 
 
 @functools.lru_cache(maxsize=4)
-def _partitioner(path: str, partition: str, num_partitions: int, seed: int, classes_per_client: int,
+def _partitioner(source: DataSource, partition: str, num_partitions: int, seed: int, classes_per_client: int,
                  alpha: float):
+    labels = load_split(source, "train").select_columns(["label"])  # first: it keeps a local source offline
     partitioner = make_partitioner(partition, num_partitions, seed, classes_per_client, alpha)
-    labels = load_split(path, "train").select_columns(["label"])
     partitioner.dataset = labels.add_column("row", np.arange(len(labels)))
     return partitioner
 
 
-def partition_indices(path: str, partition: str, num_partitions: int, partition_id: int, seed: int,
+def partition_indices(source: DataSource | str, partition: str, num_partitions: int, partition_id: int, seed: int,
                       classes_per_client: int = 2, alpha: float = 0.3) -> np.ndarray:
     """Row indices of the train table that form partition `partition_id` (labels only are read)."""
     if not 0 <= partition_id < num_partitions:
         raise DataError(f"partition-id {partition_id} is outside 0..{num_partitions - 1}")
-    partitioner = _partitioner(path, partition, num_partitions, seed, classes_per_client, float(alpha))
+    partitioner = _partitioner(as_source(source), partition, num_partitions, seed, classes_per_client, float(alpha))
     with warnings.catch_warnings():  # flwr-datasets says it from every client; the server says it once
         warnings.filterwarnings("ignore", message=r"Classes: .* will NOT be used")
         return np.asarray(partitioner.load_partition(partition_id)["row"], dtype=np.int64)
 
 
-def classes_in_no_partition(path: str, partition: str, num_partitions: int, seed: int,
+def classes_in_no_partition(source: DataSource | str, partition: str, num_partitions: int, seed: int,
                             classes_per_client: int = 2, alpha: float = 0.3) -> list[int]:
     """The classes of the train table that no partition holds (the pathological partition leaves
     some out when the clients' classes do not cover them all)."""
-    labels = load_split(path, "train").data.column("label").to_numpy()
+    labels = load_split(source, "train").data.column("label").to_numpy()
     held = set()
     for pid in range(num_partitions):
-        rows = partition_indices(path, partition, num_partitions, pid, seed, classes_per_client, alpha)
+        rows = partition_indices(source, partition, num_partitions, pid, seed, classes_per_client, alpha)
         held.update(np.unique(labels[rows]).tolist())
     return sorted(set(np.unique(labels).tolist()) - held)
 
@@ -178,15 +153,11 @@ def stratified_split(labels: np.ndarray, test_fraction: float, rng: np.random.Ge
     return np.sort(np.concatenate(train)), np.sort(np.concatenate(test))
 
 
-def decode_images(dataset, rows: np.ndarray) -> torch.Tensor:
-    """Decode the `img` bytes of `rows` into a uint8 N x 3 x 32 x 32 tensor."""
-    from PIL import Image
-
-    column = dataset.data.column("img").take(rows).to_pylist() if len(rows) else []
-    images = [np.asarray(Image.open(io.BytesIO(cell["bytes"])).convert("RGB")) for cell in column]
-    if not images:
-        return torch.zeros(0, 3, 32, 32, dtype=torch.uint8)
-    return torch.from_numpy(np.stack(images)).permute(0, 3, 1, 2).contiguous()
+def decode_images(dataset, rows: np.ndarray, fmt: ImageFormat) -> tuple[torch.Tensor, np.ndarray]:
+    """Decode the `img` cells of `rows` into a uint8 N x C x H x W tensor in `fmt`'s channels and
+    size; also the mask of the rows that decoded (those that did not are left out)."""
+    cells = dataset.data.column("img").take(rows).to_pylist() if len(rows) else []
+    return decode_cells(cells, fmt)
 
 
 class DecodedCache:
@@ -216,7 +187,7 @@ class DecodedCache:
 DECODED = DecodedCache(int(os.environ.get("PFEDES_DATA_CACHE_MB", "512")) * 2**20)
 
 
-def load_client_data(path: str, partition: str, num_partitions: int, partition_id: int, seed: int,
+def load_client_data(source: DataSource | str, partition: str, num_partitions: int, partition_id: int, seed: int,
                      classes_per_client: int = 2, alpha: float = 0.3, samples_per_client: int = 0,
                      test_fraction: float = 0.2, cache_dir: str | Path | None = None,
                      val_fraction: float = 0.0) -> ClientData:
@@ -224,7 +195,7 @@ def load_client_data(path: str, partition: str, num_partitions: int, partition_i
     (PFEDES_DATA_CACHE_MB, default 512 MB) and, with `cache_dir`, once per device: a deployed
     ClientApp is a new process per message, and re-partitioning and decoding the dataset would
     cost it seconds each time."""
-    key = (path, partition, num_partitions, partition_id, seed, classes_per_client, float(alpha),
+    key = (as_source(source), partition, num_partitions, partition_id, seed, classes_per_client, float(alpha),
            samples_per_client, float(test_fraction), float(val_fraction))
     if cache_dir is None:
         return DECODED.get_or_load(key, lambda: _load_client_data(*key))
@@ -236,10 +207,7 @@ def _load_through_disk(key: tuple, cache_dir: Path) -> ClientData:
     settings, else decoded and written there (atomically) for the next process."""
     import hashlib
 
-    source = resolve_data_dir(key[0])
-    stamp = [(name, (source / name).stat().st_size, (source / name).stat().st_mtime_ns)
-             for name in ("train.parquet", "test.parquet")]
-    digest = hashlib.sha256(repr((str(source), stamp, key[1:])).encode()).hexdigest()[:20]
+    digest = hashlib.sha256(repr((source_stamp(key[0].path), key)).encode()).hexdigest()[:20]
     file = cache_dir / f"decoded-{digest}.pt"
     if file.is_file():
         try:
@@ -253,14 +221,15 @@ def _load_through_disk(key: tuple, cache_dir: Path) -> ClientData:
     return data
 
 
-def _load_client_data(path: str, partition: str, num_partitions: int, partition_id: int, seed: int,
+def _load_client_data(source: DataSource, partition: str, num_partitions: int, partition_id: int, seed: int,
                       classes_per_client: int, alpha: float, samples_per_client: int,
                       test_fraction: float, val_fraction: float = 0.0) -> ClientData:
-    train_table = load_split(path, "train")
+    train_table = load_split(source, "train")
+    fmt = image_format(source)
     if num_partitions == 1:
         rows = np.arange(len(train_table))
     else:
-        rows = partition_indices(path, partition, num_partitions, partition_id, seed,
+        rows = partition_indices(source, partition, num_partitions, partition_id, seed,
                                  classes_per_client, alpha)
     rng = np.random.default_rng([seed, partition_id])
     if samples_per_client and len(rows) > samples_per_client:
@@ -271,26 +240,37 @@ def _load_client_data(path: str, partition: str, num_partitions: int, partition_
     if val_fraction > 0:  # carved from the train split: val_fraction of all the client's rows
         keep, va = stratified_split(labels[tr], val_fraction / (1.0 - test_fraction), rng)
         tr, va = tr[keep], tr[va]
+    splits = {}
+    for name, part in (("train", tr), ("test", te), ("val", va)):
+        x, decoded = decode_images(train_table, rows[part], fmt)
+        if not decoded.all():
+            logger.warning("[pfedes] partition %d: skipped %d image(s) of its %s split that do not decode",
+                           partition_id, int((~decoded).sum()), name)
+        splits[name] = (x, torch.from_numpy(labels[part][decoded]))
     return ClientData(
-        x_train=decode_images(train_table, rows[tr]), y_train=torch.from_numpy(labels[tr]),
-        x_test=decode_images(train_table, rows[te]), y_test=torch.from_numpy(labels[te]),
-        num_classes=num_classes_of(train_table),
-        x_val=decode_images(train_table, rows[va]), y_val=torch.from_numpy(labels[va]),
+        x_train=splits["train"][0], y_train=splits["train"][1],
+        x_test=splits["test"][0], y_test=splits["test"][1],
+        num_classes=num_classes_of(source),
+        x_val=splits["val"][0], y_val=splits["val"][1], mean=fmt.mean, std=fmt.std,
     )
 
 
 @functools.lru_cache(maxsize=2)
-def load_unified_test(path: str, max_rows: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """The shared test table (test.parquet), for global accuracy of methods with a global model."""
-    table = load_split(path, "test")
+def load_unified_test(source: DataSource | str, max_rows: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """The shared test split, for global accuracy of methods with a global model."""
+    source = as_source(source)
+    table = load_split(source, "test")
     rows = np.arange(len(table) if not max_rows else min(max_rows, len(table)))
     labels = np.array(table.data.column("label").take(rows).to_numpy(), dtype=np.int64)  # a writable copy
-    return decode_images(table, rows), torch.from_numpy(labels)
+    x, decoded = decode_images(table, rows, image_format(source))
+    return x, torch.from_numpy(labels[decoded])
 
 
-def to_input(x_uint8: torch.Tensor) -> torch.Tensor:
-    """uint8 images -> standardised float input."""
-    return (x_uint8.float().div_(255.0) - CIFAR_MEAN) / CIFAR_STD
+def to_input(x_uint8: torch.Tensor, fmt: ImageFormat) -> torch.Tensor:
+    """uint8 images -> float input standardised with `fmt`'s per-channel statistics."""
+    mean = torch.tensor(fmt.mean, dtype=torch.float32).view(1, -1, 1, 1)
+    std = torch.tensor(fmt.std, dtype=torch.float32).view(1, -1, 1, 1)
+    return (x_uint8.float().div_(255.0) - mean) / std
 
 
 def augment(x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
@@ -309,15 +289,15 @@ def augment(x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
 
 
 def batches(data_x: torch.Tensor, data_y: torch.Tensor, batch_size: int, generator: torch.Generator,
-            train: bool, do_augment: bool):
-    """Yield (input, label) batches; shuffled and augmented when `train`."""
+            train: bool, do_augment: bool, *, fmt: ImageFormat):
+    """Yield (input, label) batches, standardised with `fmt`; shuffled and augmented when `train`."""
     n = len(data_y)
     order = torch.randperm(n, generator=generator) if train else torch.arange(n)
     for start in range(0, n, batch_size):
         idx = order[start:start + batch_size]
         if train and len(idx) < 2 and n >= 2:
             continue  # a 1-sample batch breaks BatchNorm
-        x = to_input(data_x[idx])
+        x = to_input(data_x[idx], fmt)
         if train and do_augment:
             x = augment(x, generator)
         yield x, data_y[idx]

@@ -1,6 +1,6 @@
 """Is the shared proxy extractor learning anything? Server-side diagnostics for every method
 whose trainer shares a feature extractor (`Trainer.shared_features`), computed each round on
-the unified test set (test.parquet, `data.unified_test_samples` rows):
+the unified test set (the data's test split, `data.unified_test_samples` rows):
 
 - `proxy_std`: the mean over dimensions of the std of E_proxy(x) across samples;
 - `probe_acc`: a linear classifier trained on the proxy's features of the first half of those
@@ -21,7 +21,7 @@ import torch
 from flwr.common.logger import log
 from torch.nn import functional as F
 
-from .data import load_unified_test, to_input
+from .data import DataSource, load_unified_test, to_input
 
 COLLAPSE_RATIO = 0.1
 
@@ -63,8 +63,8 @@ class ProxyMonitor:
         self.num_classes = num_classes
         self.every = int(cfg["probe_every"])
         self.num_rounds = int(cfg["num_rounds"])
-        x, y = load_unified_test(cfg["data"]["path"], int(cfg["data"]["unified_test_samples"]))
-        self.x, self.y = to_input(x), y
+        x, y = load_unified_test(DataSource.from_cfg(cfg["data"]), int(cfg["data"]["unified_test_samples"]))
+        self.x, self.y = to_input(x, trainer.image), y
         self.first_std: float | None = None
         self.warned = False
         self.fresh_probe = linear_probe(self._features(), self.y, num_classes)

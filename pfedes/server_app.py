@@ -19,7 +19,8 @@ from flwr.serverapp import Grid, ServerApp
 
 from .client_state import atomic_torch_save, state_digest
 from .config import ConfigError, client_settings, experiment_config, overrides_from_run_config, with_later_settings
-from .data import DataError, classes_in_no_partition, load_split, load_unified_test, num_classes_of
+from .data import (DataError, DataSource, check_data, classes_in_no_partition, image_format, load_unified_test,
+                   num_classes_of)
 from .grid import PromptGrid
 from .methods import method_of
 from .flower_log import quiet_flower
@@ -77,7 +78,7 @@ def check_method_settings(cfg: dict[str, Any]) -> None:
     raise ConfigError naming the key), then build its trainer once for each architecture in
     clients.devices, as a client would, for what only a built model can tell (a LoRA base
     checkpoint that does not fit), before any client starts. The data settings that need the
-    data's class count are checked here too."""
+    data's class count are checked here too, and the data itself (`data.check_data`)."""
     method = method_of(cfg)
     method.settings_from(cfg)  # config.validate checked them already, unless cfg was built otherwise
     trainer_cls = method.trainer
@@ -92,14 +93,17 @@ def check_method_settings(cfg: dict[str, Any]) -> None:
     if Robustness.from_cfg(cfg).weighting == "quality" and not trainer_cls.shares_feature_extractor:
         raise ConfigError(f"aggregation.weighting=quality: strategy '{cfg['strategy']['name']}' shares no feature "
                           "extractor to measure feature quality in (pfedes and fml do)")
-    num_classes = num_classes_of(load_split(cfg["data"]["path"], "train"))
+    source = DataSource.from_cfg(cfg["data"])
+    check_data(source, int(cfg["num_clients"]))
+    num_classes, image = num_classes_of(source), image_format(source)
     per_client = int(cfg["data"]["classes_per_client"])
     if cfg["data"]["partition"] == "pathological" and not 1 <= per_client <= num_classes:
         raise ConfigError(f"data.classes_per_client must be in [1, {num_classes}] (the data's classes), "
                           f"got {per_client}")
     for device in dict.fromkeys(cfg["clients"]["devices"]):
         try:
-            trainer_cls(cfg, resolve_architecture(device, cfg["model"]["profiles"]), num_classes, seed=0)
+            trainer_cls(cfg, resolve_architecture(device, cfg["model"]["profiles"]), num_classes, seed=0,
+                        image=image)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
 
@@ -109,8 +113,8 @@ def warn_of_classes_in_no_client(cfg: dict[str, Any]) -> None:
     data = cfg["data"]
     if data["partition"] != "pathological" or int(cfg["num_clients"]) == 1:
         return
-    missing = classes_in_no_partition(data["path"], data["partition"], int(cfg["num_clients"]), int(cfg["seed"]),
-                                      int(data["classes_per_client"]), float(data["alpha"]))
+    missing = classes_in_no_partition(DataSource.from_cfg(data), data["partition"], int(cfg["num_clients"]),
+                                      int(cfg["seed"]), int(data["classes_per_client"]), float(data["alpha"]))
     if missing:
         log(WARNING, "[pfedes] classes %s are in no client's data (%d clients x data.classes_per_client %d): "
             "the personal accuracies cover the other classes only; more clients or classes per client "
@@ -165,13 +169,14 @@ def run_experiment(grid: Grid, cfg: dict[str, Any]) -> dict[str, Any]:
     out_dir = Path(cfg["out_dir"])
     method = method_of(cfg)
     strategy_cls, trainer_cls = method.strategy, method.trainer
-    num_classes = num_classes_of(load_split(cfg["data"]["path"], "train"))
+    source = DataSource.from_cfg(cfg["data"])
+    num_classes, image = num_classes_of(source), image_format(source)
     warn_of_classes_in_no_client(cfg)
     archs = [resolve_architecture(d, cfg["model"]["profiles"]) for d in cfg["clients"]["devices"]]
     if trainer_cls.requires_same_architecture and len(set(archs)) > 1:
         raise ConfigError(f"strategy '{cfg['strategy']['name']}' needs one architecture on every client, "
                           f"but clients.devices maps to {sorted(set(archs))}: set e.g. clients.devices=[phone]")
-    initial = trainer_cls.initial_shared(cfg, archs[0], num_classes)
+    initial = trainer_cls.initial_shared(cfg, archs[0], num_classes, image)
     strategy = strategy_cls(cfg)
     strategy.num_classes = num_classes
     checkpoint_path = out_dir / CHECKPOINT
@@ -190,10 +195,11 @@ def run_experiment(grid: Grid, cfg: dict[str, Any]) -> dict[str, Any]:
         log(INFO, "[pfedes] resuming after round %d from %s (shared digest %s)", done, checkpoint_path,
             state_digest(initial))
     recorder = RunRecorder(out_dir, cfg, resume_rounds=previous_rounds)
-    global_model = trainer_cls(cfg, archs[0], num_classes, seed=int(cfg["seed"]))
+    global_model = trainer_cls(cfg, archs[0], num_classes, seed=int(cfg["seed"]), image=image)
     if not global_model.has_global_model:
         global_model = None
-    monitor = (ProxyMonitor(cfg, trainer_cls(cfg, archs[0], num_classes, seed=int(cfg["seed"])), num_classes)
+    monitor = (ProxyMonitor(cfg, trainer_cls(cfg, archs[0], num_classes, seed=int(cfg["seed"]), image=image),
+                            num_classes)
                if trainer_cls.shares_feature_extractor else None)
     if monitor is not None and previous_rounds:  # a resumed run keeps round 1 as the reference
         monitor.first_std = previous_rounds[0].get("proxy_std")
@@ -205,7 +211,7 @@ def run_experiment(grid: Grid, cfg: dict[str, Any]) -> dict[str, Any]:
         server_round += done
         extra = {}
         if global_model is not None and len(arrays):
-            x, y = load_unified_test(cfg["data"]["path"], int(cfg["data"]["unified_test_samples"]))
+            x, y = load_unified_test(source, int(cfg["data"]["unified_test_samples"]))
             global_model.load_shared(arrays.to_torch_state_dict())
             extra["global_acc"] = global_model.accuracy(x, y, global_model.global_predict)["accuracy"]
         if monitor is not None and len(arrays):
@@ -223,7 +229,7 @@ def run_experiment(grid: Grid, cfg: dict[str, Any]) -> dict[str, Any]:
     model_params = {}
     for device in sorted(set(cfg["clients"]["devices"])):
         arch = resolve_architecture(device, cfg["model"]["profiles"])
-        model = trainer_cls(cfg, arch, num_classes, seed=0)
+        model = trainer_cls(cfg, arch, num_classes, seed=0, image=image)
         model_params[device] = sum(p.numel() for p in model.model.parameters())
     return recorder.finish({
         "proxy_params": int(sum(np.asarray(v).size for v in initial.values())),

@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import os
 import sys
+from logging import WARNING
 from typing import Any
 
 import hydra
+from flwr.common.logger import log
 from omegaconf import DictConfig
 
 from .config import ConfigError, conf_dir, to_dict, validate
-from .data import DataError, resolve_data_dir
+from .data import DataError, DataSource, check_data
+from .devices import check_simulation_devices, hidden_gpu_note
 from .flower_log import quiet_flower
 
 
@@ -29,7 +32,11 @@ def simulate(cfg: dict[str, Any], client_app=None) -> dict[str, Any]:
 
     client_app = client_app or pfedes_client_app
     validate(cfg)
-    resolve_data_dir(cfg["data"]["path"])  # fail fast, with one line, before Ray starts
+    check_simulation_devices(cfg)  # each profile's train.device as Ray will show the machine to it
+    note = hidden_gpu_note(cfg)
+    if note:
+        log(WARNING, "[pfedes] %s", note)
+    check_data(DataSource.from_cfg(cfg["data"]), int(cfg["num_clients"]))  # fail fast, with one line, before Ray starts
     check_method_settings(cfg)
     cfg = prepare(cfg)
     result: dict[str, Any] = {}
@@ -39,7 +46,7 @@ def simulate(cfg: dict[str, Any], client_app=None) -> dict[str, Any]:
     def _main(grid, context):  # noqa: ANN001  the hydra config instead of Flower's run config
         result.update(serve(grid, cfg))
 
-    sim = cfg["simulation"]
+    sim = cfg["simulation"]  # Ray gives a client GPUs only when num_gpus_per_client asks for them
     cpus = int(sim["num_cpus_per_client"]) or (os.cpu_count() or 1)
     with quiet_flower():
         run_simulation(

@@ -1,9 +1,12 @@
 """Shared fixtures: small configs and small real data (the embedded CIFAR-10 sample)."""
 
 import os
+import tempfile
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+# datasets' imagefolder builder caches what it reads: the tests' own image folders stay out of ~/.cache
+os.environ.setdefault("HF_DATASETS_CACHE", os.path.join(tempfile.gettempdir(), "pfedes-tests-hf-datasets"))
 
 import pytest
 import torch

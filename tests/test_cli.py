@@ -13,8 +13,8 @@ def test_missing_data_path_is_one_line_naming_it(tmp_path):
     result = run_sim(f"data.path={tmp_path}/missing", f"out_dir={tmp_path}/out")
     assert result.returncode != 0
     assert result.stderr.strip().splitlines() == [
-        f"pfedes-sim: data path '{tmp_path}/missing' is not a directory (expected train.parquet "
-        "and test.parquet in it)"]
+        f"pfedes-sim: data path '{tmp_path}/missing' is not a directory (expected Parquet files or an "
+        "image folder in it), nor a Hugging Face hub dataset name"]
 
 
 def test_bad_value_is_one_line_naming_the_key(tmp_path):

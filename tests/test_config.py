@@ -117,7 +117,7 @@ def test_the_bench_says_which_settings_each_profile_used():
     from pfedes.bench.tables import training_note
 
     note = training_note(experiment_config(["train.by_device.phone.local_epochs=2"]))
-    assert note.endswith("1 local epoch(s) per round; phone: local_epochs 2")
+    assert note.endswith("1 local epoch(s) per round, device cpu; gpu-host: device auto; phone: local_epochs 2")
 
 
 @pytest.mark.parametrize("override, message", [
@@ -195,3 +195,17 @@ def test_a_client_round_needs_only_the_client_settings(tmp_path, overrides):
     assert (sent_bytes < fp32_bytes / 2) == (cfg["compression"]["quantize"] != "none")
     assert ("fqi" in metrics) == (cfg["aggregation"]["weighting"] == "quality")
     assert (client_app.EVAL_IN_TRAIN_KEY in reply.content) == cfg["evaluate_in_train"]
+
+
+def test_privacy_settings_travel_only_for_local_dp_with_the_noise_resolved():
+    pytest.importorskip("dp_accounting", reason="the accountant: pip install -e '.[privacy]'")
+    from pfedes.config import client_settings
+    from pfedes.privacy import Privacy
+
+    central = make_cfg("privacy.noise_multiplier=1.0", "num_clients=4")
+    assert "privacy" not in client_settings(central)
+    local = make_cfg("privacy.mode=local", "privacy.target_epsilon=8", "num_clients=4", "num_rounds=10")
+    sent = client_settings(local)["privacy"]
+    assert sent["mode"] == "local" and sent["target_epsilon"] == 0.0
+    assert sent["noise_multiplier"] == Privacy.from_cfg(local).noise_multiplier > 0
+    assert Privacy.from_cfg({"privacy": sent}) == Privacy.from_cfg(local).__class__(**sent)  # a client reads the same

@@ -162,7 +162,7 @@ def test_fedproto_sends_only_prototypes_and_counts_never_weights(small_data):
     # Each prototype is the mean of P(F(x)) over the class's train samples, in eval mode.
     trainer.exchange.eval()
     with torch.no_grad():
-        embeddings = trainer.model.embed(to_input(small_data.x_train))
+        embeddings = trainer.model.embed(to_input(small_data.x_train, trainer.image))
     for c in present:
         assert sent[f"class.{c}"].shape == (128,)
         torch.testing.assert_close(sent[f"class.{c}"], embeddings[small_data.y_train == c].mean(0),
@@ -215,7 +215,7 @@ def test_fd_sends_per_class_average_logits_and_counts_only(small_data):
     assert not set(sent) & weight_keys(trainer)
     trainer.exchange.eval()
     with torch.no_grad():
-        logits = trainer.model(to_input(small_data.x_train))
+        logits = trainer.model(to_input(small_data.x_train, trainer.image))
     for c in present:
         assert sent[f"class.{c}"].shape == (NUM_CLASSES,)
         torch.testing.assert_close(sent[f"class.{c}"], logits[small_data.y_train == c].mean(0),

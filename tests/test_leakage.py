@@ -98,7 +98,7 @@ def test_the_payload_is_the_methods_filtered_entries_and_the_attackers_loss_is_e
     assert set(attacker.keys) <= set(payload)
     target = attacker.target(payload, sent, leakage.shared_optimizer(trainer, attacker.keys))
     free = [trainer.private["label_prior"].log_prior.clone()] if name == "pfedes" else []
-    grads = attacker.gradient(to_input(step.x_train), step.y_train, free)
+    grads = attacker.gradient(to_input(step.x_train, leakage.image_of(cfg)), step.y_train, free)
     assert float(leakage.cosine_cost(grads, target)) < 1e-5
     # iDLG: one image's label read off the classifier bias's update
     single = leakage.one_step_batch(load_node_data(cfg, "embedded", 0, 3), 1, 1)

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from ..config import ConfigError, conf_dir, experiment_config
+from ..devices import check_simulation_devices
 from .heterogeneity import heterogeneity_note, histogram_table, label_histograms, mean_pairwise_jsd
 from .plots import plot_curves
 from .runs import Run, execute, run_overrides, split_overrides
@@ -48,6 +49,8 @@ def bench(bench_cfg: dict[str, Any], task_overrides: list[str]) -> list[Run]:
     configs = {(name, seed): experiment_config([*run_overrides(common, per_strategy, name, presets[name]),
                                                 f"seed={seed}", f"out_dir={out_dir / name / f'seed{seed}'}"])
                for seed in seeds for name in strategies}
+    for cfg in configs.values():  # every run's devices, before the first run starts
+        check_simulation_devices(cfg)
     out_dir.mkdir(parents=True, exist_ok=True)
 
     diagnosis = {}

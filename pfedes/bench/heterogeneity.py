@@ -29,12 +29,12 @@ def mean_pairwise_jsd(histograms: np.ndarray) -> float:
 def label_histograms(cfg: dict[str, Any]) -> np.ndarray:
     """Per client (rows) the count of each label (columns) in its local data, train and test,
     exactly as the clients of this configuration load it."""
-    from ..data import load_client_data
+    from ..data import DataSource, load_client_data
 
     d = cfg["data"]
     rows = []
     for pid in range(int(cfg["num_clients"])):
-        data = load_client_data(d["path"], d["partition"], int(cfg["num_clients"]), pid, int(cfg["seed"]),
+        data = load_client_data(DataSource.from_cfg(d), d["partition"], int(cfg["num_clients"]), pid, int(cfg["seed"]),
                                 int(d["classes_per_client"]), float(d["alpha"]),
                                 int(d["samples_per_client"]), float(d["test_fraction"]))
         labels = np.concatenate([data.y_train.numpy(), data.y_test.numpy()])

@@ -205,7 +205,8 @@ def training_note(cfg: dict[str, Any]) -> str:
     """The local training settings, and what each device profile set for itself."""
     t = cfg["train"]
     note = (f"SGD lr {t['lr']}, momentum {t['momentum']}, batch {t['batch_size']}, "
-            f"{t['local_epochs']} local epoch(s) per round")
+            f"{t['local_epochs']} local epoch(s) per round, device {t.get('device', 'cpu')}"
+            + ("" if t.get("amp", "none") == "none" else f", amp {t['amp']}"))
     own = device_train_settings(cfg)
     if own:
         note += "; " + "; ".join(f"{d}: " + ", ".join(f"{k} {v}" for k, v in sorted(s.items()))

@@ -32,11 +32,12 @@ class ProxyExtractor(nn.Module):
     map (1: global pooling, the seed form; 2 keeps a coarse layout, at 4x the map's parameters).
     `num_classes` > 0 adds a classifier on the d features (`classifier`) that travels with the
     proxy: the supervised signal that lets every client's labels reach the shared network.
-    The key names of the plain form (norm none, no classifier) are the seed form's.
+    The key names of the plain form (norm none, no classifier) are the seed form's. Any input
+    size works (the last pooling is adaptive); `in_channels` is the images' channel count.
     """
 
     def __init__(self, proxy_dim: int = 128, norm: str = "none", num_classes: int = 0, pool: int = 1,
-                 width: int = 16) -> None:
+                 width: int = 16, in_channels: int = 3) -> None:
         super().__init__()
         if norm not in PROXY_NORMS:
             raise ValueError(f"strategy.proxy_norm '{norm}' is unknown: expected one of {list(PROXY_NORMS)}")
@@ -44,7 +45,7 @@ class ProxyExtractor(nn.Module):
             raise ValueError(f"strategy.proxy_width must be >= 1, got {width}")
         self.norm = InputNorm()
         layers: list[nn.Module] = []
-        c_in = 3
+        c_in = in_channels
         for i, c_out in enumerate((width, 2 * width, 4 * width)):
             layers += [nn.Conv2d(c_in, c_out, 3, padding=1, bias=norm == "none")]
             if norm != "none":

@@ -24,11 +24,12 @@ class BasicBlock(nn.Module):
 
 
 class ResNetBN(nn.Module):
-    """Stem + three residual stages (16, 32, 64 channels) + global average pooling + linear."""
+    """Stem + three residual stages (16, 32, 64 channels) + global average pooling + linear
+    (any input size: the pooling is global)."""
 
-    def __init__(self, feature_dim: int = 256, widths=(16, 32, 64), blocks=(1, 1, 1)) -> None:
+    def __init__(self, feature_dim: int = 256, widths=(16, 32, 64), blocks=(1, 1, 1), in_channels: int = 3) -> None:
         super().__init__()
-        layers = [nn.Conv2d(3, widths[0], 3, 1, 1, bias=False), nn.BatchNorm2d(widths[0]),
+        layers = [nn.Conv2d(in_channels, widths[0], 3, 1, 1, bias=False), nn.BatchNorm2d(widths[0]),
                   nn.ReLU(inplace=True)]
         c_in = widths[0]
         for i, (width, n) in enumerate(zip(widths, blocks)):

@@ -10,12 +10,13 @@ from .resnet import ResNetBN
 from .torchvision_nets import TorchvisionBackbone
 from .vit import SmallViT
 
-ARCHITECTURES: dict[str, Callable[[int], nn.Module]] = {
-    "cnn3": lambda d: CNN3(d),
-    "resnet_bn": lambda d: ResNetBN(d),
-    "vit_small": lambda d: SmallViT(d),
-    "resnet18": lambda d: TorchvisionBackbone("resnet18", d),
-    "mobilenet_v3_small": lambda d: TorchvisionBackbone("mobilenet_v3_small", d),
+# name -> builder(feature_dim, in_channels, image_size (height, width))
+ARCHITECTURES: dict[str, Callable[[int, int, tuple[int, int]], nn.Module]] = {
+    "cnn3": lambda d, c, size: CNN3(d, in_channels=c),
+    "resnet_bn": lambda d, c, size: ResNetBN(d, in_channels=c),
+    "vit_small": lambda d, c, size: SmallViT(d, image_size=size, in_channels=c),
+    "resnet18": lambda d, c, size: TorchvisionBackbone("resnet18", d, in_channels=c),
+    "mobilenet_v3_small": lambda d, c, size: TorchvisionBackbone("mobilenet_v3_small", d, in_channels=c),
 }
 
 
@@ -44,7 +45,9 @@ def resolve_architecture(device: str, profiles: Mapping[str, str]) -> str:
     return arch
 
 
-def build_client_model(arch: str, num_classes: int, proxy_dim: int, feature_dim: int) -> ClientModel:
+def build_client_model(arch: str, num_classes: int, proxy_dim: int, feature_dim: int, in_channels: int = 3,
+                       image_size: tuple[int, int] = (32, 32)) -> ClientModel:
+    """The client model for images of `in_channels` x `image_size` (height, width)."""
     if arch not in ARCHITECTURES:
         raise ValueError(f"unknown architecture {arch!r}: expected one of {sorted(ARCHITECTURES)}")
-    return ClientModel(ARCHITECTURES[arch](feature_dim), num_classes, proxy_dim)
+    return ClientModel(ARCHITECTURES[arch](feature_dim, in_channels, tuple(image_size)), num_classes, proxy_dim)

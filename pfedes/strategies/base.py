@@ -248,7 +248,7 @@ class PersonalizedStrategy(FedAvg):
 
     def without_norm_outliers(self, server_round: int, replies: list[Message]) -> list[Message]:
         """Drop the replies whose update norm is an outlier of the round (aggregation.norm_threshold)."""
-        if self.privacy.enabled:  # which replies count must not depend on them beyond the clipping
+        if self.privacy.central:  # which replies count must not depend on them beyond the clipping
             return replies
         norms = [update_norm({k: a.numpy() for k, a in next(iter(m.content.array_records.values())).items()},
                              self.sent_to(m.metadata.src_node_id)) for m in replies]
@@ -263,7 +263,10 @@ class PersonalizedStrategy(FedAvg):
     def aggregate_train(self, server_round: int, replies: Iterable[Message]
                         ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         server_round = self.absolute_round(server_round)
+        replies = list(replies)
         good = self.accepted_replies(server_round, replies)
+        if self.privacy.local:  # every client asked to train released a noisy reply, used or not
+            self.account_release(max(1, len(replies)))
         if not good:
             return None, None
         metrics = [dict(m.content.metric_records[METRICS_KEY]) for m in good]
@@ -273,12 +276,18 @@ class PersonalizedStrategy(FedAvg):
         arrays = [{k: a.numpy() for k, a in next(iter(m.content.array_records.values())).items()}
                   for m in good]
         new = self.aggregate_arrays(server_round, good, arrays, weights)
-        if self.privacy.enabled and new:
-            self.dp_releases.append(len(good))
-            self.round_stats["server"] = {**self.round_stats.get("server", {}), "dp_epsilon": epsilon_after(
-                self.privacy.noise_multiplier, self.dp_releases, int(self.cfg["num_clients"]), self.privacy.delta)}
+        if self.privacy.central and new:
+            self.account_release(len(good))
         return (ArrayRecord({k: Array(v) for k, v in new.items()}),
                 MetricRecord(self.round_stats["train"]))
+
+    def account_release(self, size: int) -> None:
+        """One more Gaussian release (of `size` replies) for the accountant, and the epsilon spent
+        so far in the round's record. Central: the noisy mean, client-level. Local: each client's
+        noisy reply; one release per round bounds the client that takes part in every round."""
+        self.dp_releases.append(min(size, int(self.cfg["num_clients"])))
+        self.round_stats["server"] = {**self.round_stats.get("server", {}), "dp_epsilon": epsilon_after(
+            self.privacy.noise_multiplier, self.dp_releases, int(self.cfg["num_clients"]), self.privacy.delta)}
 
     def aggregate_arrays(self, server_round: int, replies: list[Message],
                          arrays: list[dict[str, np.ndarray]], weights: list[float]) -> dict[str, np.ndarray]:
@@ -291,9 +300,10 @@ class PersonalizedStrategy(FedAvg):
     def combine(self, replies: list[Message], arrays: list[dict[str, np.ndarray]],
                 weights: list[float]) -> dict[str, np.ndarray]:
         """The aggregation rule over these replies' arrays (two-tier when aggregation.groups is set)."""
-        if self.privacy.enabled:  # clipped updates, equal weights, then the mechanism's noise
+        if self.privacy.central:  # clipped updates, equal weights, then the mechanism's noise
             clipped = [self.privacy.clip(a, self.sent_to(m.metadata.src_node_id)) for m, a in zip(replies, arrays)]
-            return self.privacy.add_noise(self.robust.combine(clipped, [1.0] * len(clipped)), len(clipped))
+            largest = max(self.privacy.clip_norm_for(a) for a in arrays)  # the sensitivity: the largest C_i
+            return self.privacy.add_noise(self.robust.combine(clipped, [1.0] * len(clipped)), len(clipped), largest)
         groups = None
         if self.robust.groups != "none":
             infos = [m.content.config_records.get("info", ConfigRecord()) for m in replies]

@@ -14,7 +14,7 @@ import numpy as np
 from flwr.app import Message
 
 from ..class_payload import counts_problem, decode, expected_payload, weighted_class_average
-from ..data import load_split, num_classes_of
+from ..data import DataSource, num_classes_of
 from .base import PersonalizedStrategy, reply_problem
 
 
@@ -38,7 +38,7 @@ class ClassPayloadStrategy(PersonalizedStrategy):
 
     def __init__(self, cfg: dict[str, Any]) -> None:
         super().__init__(cfg)
-        self.num_classes = num_classes_of(load_split(cfg["data"]["path"], "train"))
+        self.num_classes = num_classes_of(DataSource.from_cfg(cfg["data"]))
 
     @property
     def payload_dim(self) -> int:

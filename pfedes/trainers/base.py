@@ -10,7 +10,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ..data import ClientData, batches
+from ..data import ClientData, ImageFormat, batches
+from ..devices import Placement, cpu_placement
 from ..filters import shared_keys
 from ..models import build_client_model
 from ..validation import arrays_problem
@@ -27,6 +28,13 @@ class Trainer:
     registered with, pfedes/methods/) reads: its filtered entries are what the client receives
     and sends, everything else stays here.
     Subclasses override `train_step` (and, where the method needs it, `exchange` or `evaluate`).
+
+    The modules live on `placement.device` (the CPU unless the client's `train.device` says
+    otherwise, pfedes/devices.py); `batches` moves each batch there, and training steps and
+    evaluation forwards run under `placement.autocast()`. What crosses the wire does not depend
+    on it: `shared_state` returns CPU tensors, and `load_shared` copies the server's CPU arrays
+    onto the device. They are built on the CPU from the seed, then moved, so a model starts
+    from the same weights on every device.
     A method whose shared entries form a whole model sets `has_global_model` (on the class, or
     on the instance where its settings decide it); the server then reports that model's accuracy
     on the unified test set (`global_predict`).
@@ -36,11 +44,17 @@ class Trainer:
     shares_feature_extractor = False  # methods that share one set `shared_features` (proxy diagnostics)
     requires_same_architecture = False  # homogeneous-model methods set this
 
-    def __init__(self, cfg: dict[str, Any], arch: str, num_classes: int, seed: int) -> None:
+    def __init__(self, cfg: dict[str, Any], arch: str, num_classes: int, seed: int,
+                 placement: Placement | None = None, image: ImageFormat | None = None) -> None:
+        """`image`: the input's channels, size and statistics (ClientData.image_format; the
+        default is 3 x 32 x 32, unstandardised)."""
         from ..methods import method_of
 
         self.cfg = cfg
         self.arch = arch
+        self.placement = placement or cpu_placement()
+        self.device = self.placement.device
+        self.image = image or ImageFormat()
         method = method_of(cfg)
         # The method's typed settings (methods/), checked: a subclass reads self.settings.KEY.
         self.settings = method.settings_from(cfg)
@@ -50,12 +64,14 @@ class Trainer:
             torch.manual_seed(seed)
             model_cfg = cfg["model"]
             self.model = build_client_model(arch, num_classes, model_cfg["proxy_dim"],
-                                            model_cfg["feature_dim"])
+                                            model_cfg["feature_dim"], self.image.channels, self.image.size)
             self.exchange = nn.ModuleDict(dict(self.model.named_children()))
             # Method modules that never leave the client (a personal model): persisted with the
             # trainer, switched between train and eval mode with the model, never filtered.
             self.private = nn.ModuleDict()
             self.build_extra_modules()
+        for module in (self.model, self.exchange, self.private):
+            module.to(self.device)
         self.share_spec = list(method.share)
         self._shared_keys = shared_keys(self.exchange, self.share_spec)
         self.optimizer = self.local_sgd(self.trainable_parameters())
@@ -98,11 +114,13 @@ class Trainer:
         return self._shared_keys
 
     def shared_state(self) -> dict[str, torch.Tensor]:
+        """Copies of the shared entries, on the CPU whatever the device."""
         state = self.exchange.state_dict()
-        return {k: state[k].detach().clone() for k in self._shared_keys}
+        return {k: state[k].detach().to("cpu", copy=True) for k in self._shared_keys}
 
     def load_shared(self, arrays: dict[str, torch.Tensor]) -> None:
-        """Load the server's shared entries; a mismatch raises SharedStateError naming it."""
+        """Load the server's shared entries (copied onto this trainer's device); a mismatch
+        raises SharedStateError naming it."""
         own = self.exchange.state_dict()
         problem = arrays_problem(arrays, {k: own[k] for k in self._shared_keys}, dtypes=False, finite=False)
         if problem:
@@ -110,6 +128,14 @@ class Trainer:
         self.exchange.load_state_dict(arrays, strict=False)
 
     # -- one round -------------------------------------------------------------------------
+    def batches(self, x_uint8: torch.Tensor, labels: torch.Tensor, batch_size: int,
+                generator: torch.Generator | None, train: bool, do_augment: bool):
+        """data.batches (drawn and augmented on the CPU, so the same batches on every device),
+        each moved to this trainer's device."""
+        for x, y in batches(x_uint8, labels, batch_size, generator, train=train, do_augment=do_augment,
+                            fmt=self.image):
+            yield x.to(self.device), y.to(self.device)
+
     def fit(self, data: ClientData, generator: torch.Generator) -> dict[str, float]:
         self.model.train()
         self.private.train()
@@ -126,9 +152,11 @@ class Trainer:
         sums: dict[str, float] = {}
         counts: dict[str, int] = {}
         for _ in range(epochs):
-            for x, y in batches(data.x_train, data.y_train, train["batch_size"], generator,
-                                train=True, do_augment=train["augment"]):
-                for key, value in self.train_step(x, y).items():
+            for x, y in self.batches(data.x_train, data.y_train, train["batch_size"], generator,
+                                     train=True, do_augment=train["augment"]):
+                with self.placement.autocast():
+                    step_metrics = self.train_step(x, y)
+                for key, value in step_metrics.items():
                     sums[key] = sums.get(key, 0.0) + value
                     counts[key] = counts.get(key, 0) + 1
                 self.steps += 1
@@ -151,14 +179,19 @@ class Trainer:
         self.exchange.eval()
         self.private.eval()
         correct, loss_sum = 0, 0.0
-        for x, y in batches(x_uint8, labels, 256, None, train=False, do_augment=False):
-            logits = predict(x)
+        for x, y in self.batches(x_uint8, labels, 256, None, train=False, do_augment=False):
+            with self.placement.autocast():
+                logits = predict(x).float()
             loss_sum += F.cross_entropy(logits, y, reduction="sum").item()
             correct += (logits.argmax(1) == y).sum().item()
         n = max(len(labels), 1)
         return {"accuracy": correct / n, "loss": loss_sum / n}
 
     # -- persistence -----------------------------------------------------------------------
+    # state_dict holds tensors on the trainer's device; StateStore loads a saved state onto the
+    # CPU (map_location), and load_state_dict copies it onto this trainer's device (the
+    # optimizer's state follows its parameters), so a state saved on a GPU host resumes on a
+    # CPU and the other way round.
     def state_dict(self) -> dict[str, Any]:
         return {"arch": self.arch, "exchange": self.exchange.state_dict(),
                 "private": self.private.state_dict(),
@@ -178,6 +211,7 @@ class Trainer:
 
     # -- server side -----------------------------------------------------------------------
     @classmethod
-    def initial_shared(cls, cfg: dict[str, Any], arch: str, num_classes: int) -> dict[str, torch.Tensor]:
+    def initial_shared(cls, cfg: dict[str, Any], arch: str, num_classes: int,
+                       image: ImageFormat | None = None) -> dict[str, torch.Tensor]:
         """The initial shared entries the server starts from (seeded by `cfg['seed']`)."""
-        return cls(cfg, arch, num_classes, seed=int(cfg["seed"])).shared_state()
+        return cls(cfg, arch, num_classes, seed=int(cfg["seed"]), image=image).shared_state()

@@ -35,7 +35,7 @@ class FedGHTrainer(ClassPayloadTrainer):
     # train_step: Trainer's cross-entropy step on H(P(F(x))), the global head included.
 
     @classmethod
-    def initial_shared(cls, cfg, arch, num_classes) -> dict[str, torch.Tensor]:
+    def initial_shared(cls, cfg, arch, num_classes, image=None) -> dict[str, torch.Tensor]:
         """The server starts from a freshly initialised head (seeded by cfg['seed'])."""
-        trainer = cls(cfg, arch, num_classes, seed=int(cfg["seed"]))
+        trainer = cls(cfg, arch, num_classes, seed=int(cfg["seed"]), image=image)
         return Trainer.shared_state(trainer)

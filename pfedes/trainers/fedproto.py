@@ -43,11 +43,12 @@ class ClassPayloadTrainer(Trainer):
             means = global_means(arrays, self.num_classes, self.payload_dim)
         except ValueError as exc:
             raise SharedStateError(str(exc)) from None
-        self.global_table = torch.zeros(self.num_classes, self.payload_dim)
-        self.global_known = torch.zeros(self.num_classes, dtype=torch.bool)
+        table = torch.zeros(self.num_classes, self.payload_dim)
+        known = torch.zeros(self.num_classes, dtype=torch.bool)
         for label, mean in means.items():
-            self.global_table[label] = mean
-            self.global_known[label] = True
+            table[label] = mean
+            known[label] = True
+        self.global_table, self.global_known = table.to(self.device), known.to(self.device)
 
     def distance_to_global(self, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """MSE between each sample's output and the server's mean of its class (0 if none)."""
@@ -60,15 +61,16 @@ class ClassPayloadTrainer(Trainer):
     def fit(self, data, generator: torch.Generator) -> dict[str, float]:
         metrics = super().fit(data, generator)
         self.exchange.eval()  # BatchNorm statistics as at inference, and left unchanged
-        self.upload = local_class_means(self.class_output, data.x_train, data.y_train, self.num_classes)
+        self.upload = local_class_means(self.class_output, data.x_train, data.y_train, self.num_classes,
+                                        self.image, device=self.device)
         return metrics
 
     def shared_state(self) -> dict[str, torch.Tensor]:
-        """What leaves the client: the payload of the last `fit` (nothing before one)."""
+        """What leaves the client: the payload of the last `fit` (nothing before one), on the CPU."""
         return {k: v.clone() for k, v in getattr(self, "upload", {}).items()}
 
     @classmethod
-    def initial_shared(cls, cfg, arch, num_classes) -> dict[str, torch.Tensor]:
+    def initial_shared(cls, cfg, arch, num_classes, image=None) -> dict[str, torch.Tensor]:
         """No global means exist before the first round."""
         return {}
 

@@ -32,7 +32,7 @@ class FMLTrainer(Trainer):
 
     def build_extra_modules(self) -> None:
         d = int(self.cfg["model"]["proxy_dim"])
-        self.meme = nn.Sequential(ProxyExtractor(d), nn.Linear(d, self.model.head.out_features))
+        self.meme = nn.Sequential(ProxyExtractor(d, in_channels=self.image.channels), nn.Linear(d, self.model.head.out_features))
         self.exchange["proxy"] = self.meme
         self.alpha, self.beta = self.settings.alpha, self.settings.beta  # in [0, 1]: methods/fml.py
 

@@ -44,7 +44,8 @@ class LoRATrainer(FedAvgTrainer):
         s, model_cfg = self.settings, self.cfg["model"]  # checked: methods/lora.py
         torch.manual_seed(int(self.cfg["seed"]))  # the same base on every client
         self.model = build_client_model(self.arch, self.model.head.out_features,
-                                        model_cfg["proxy_dim"], model_cfg["feature_dim"])
+                                        model_cfg["proxy_dim"], model_cfg["feature_dim"],
+                                        self.image.channels, self.image.size)
         if s.base_checkpoint:
             load_base_checkpoint(self.model, s.base_checkpoint)
         del self.model.projection

@@ -12,7 +12,7 @@ import copy
 import torch
 from torch.nn import functional as F
 
-from ..data import ClientData, batches
+from ..data import ClientData
 from .fedavg import FedAvgTrainer
 
 
@@ -50,11 +50,12 @@ class PerFedAvgTrainer(FedAvgTrainer):
         """A copy of the model after one inner step on one local train batch."""
         train = self.cfg["train"]
         generator = torch.Generator().manual_seed(self.steps)
-        x, y = next(batches(data.x_train, data.y_train, train["batch_size"], generator,
-                            train=True, do_augment=train["augment"]))
+        x, y = next(self.batches(data.x_train, data.y_train, train["batch_size"], generator,
+                                 train=True, do_augment=train["augment"]))
         model = copy.deepcopy(self.model)
         model.train()
-        self.inner_step(model, x, y)
+        with self.placement.autocast():
+            self.inner_step(model, x, y)
         return model
 
     def evaluate(self, data: ClientData) -> dict[str, float]:

@@ -113,7 +113,7 @@ class PFedESTrainer(Trainer):
         # the server scores C(E_proxy(x)) on the unified test set (no label prior: it is balanced).
         self.has_global_model = shared_head
         self.proxy = ProxyExtractor(d, norm=s.proxy_norm, num_classes=num_classes if shared_head else 0,
-                                    pool=s.proxy_pool, width=s.proxy_width)
+                                    pool=s.proxy_pool, width=s.proxy_width, in_channels=self.image.channels)
         self.exchange["proxy"] = self.proxy
         if self.fusion == "concat":
             self.model.head = nn.Linear(self.model.head.in_features + d, num_classes)

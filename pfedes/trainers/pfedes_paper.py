@@ -17,14 +17,13 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ..data import batches
 from ..models.generator import ConvGenerator
 from .base import Trainer
 
 
 class PFedESPaperTrainer(Trainer):
     def build_extra_modules(self) -> None:
-        self.generator = ConvGenerator()
+        self.generator = ConvGenerator(self.image.channels)
         self.exchange["proxy"] = self.generator
         s = self.settings  # checked: methods/pfedes_paper.py
         self.mu, self.generator_epochs, self.grad_clip = s.mu, s.generator_epochs, s.grad_clip
@@ -63,9 +62,10 @@ class PFedESPaperTrainer(Trainer):
         losses = []
         try:
             for _ in range(self.generator_epochs):
-                for x, y in batches(data.x_train, data.y_train, train["batch_size"], generator,
-                                    train=True, do_augment=train["augment"]):
-                    losses.append(self.generator_step(x, y))
+                for x, y in self.batches(data.x_train, data.y_train, train["batch_size"], generator,
+                                         train=True, do_augment=train["augment"]):
+                    with self.placement.autocast():
+                        losses.append(self.generator_step(x, y))
         finally:
             self.model.requires_grad_(True)
             self.model.train()
