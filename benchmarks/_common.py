@@ -102,3 +102,12 @@ def stat(values: list[float]) -> dict[str, float | None]:
     """Mean, sample standard deviation (None for one value) and count."""
     return {"mean": float(np.mean(values)), "std": float(np.std(values, ddof=1)) if len(values) > 1 else None,
             "n": len(values)}
+
+
+def paired(values: dict[int, float], against: dict[int, float]) -> dict | None:
+    """values - against, paired by seed over the seeds both have: mean, std and each seed's."""
+    common = sorted(set(values) & set(against))
+    if not common:
+        return None
+    diffs = [values[s] - against[s] for s in common]
+    return {**stat(diffs), "by_seed": {s: d for s, d in zip(common, diffs)}}

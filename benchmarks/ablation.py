@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS, stat  # noqa: E402
+from _common import RESULTS, paired, stat  # noqa: E402
 
 REFERENCE = RESULTS / "hetero_dirichlet_val"
 ROUNDS = 60
@@ -59,14 +59,6 @@ def accuracies(directory: Path, strategy: str) -> dict[int, dict[str, float]]:
         if int(summary["rounds"]) == ROUNDS:
             out[seed] = {"acc": summary["acc_mean_last5"], "worst": summary["acc_worst_last5"]}
     return out
-
-
-def paired(values: dict[int, float], against: dict[int, float]) -> dict | None:
-    common = sorted(set(values) & set(against))
-    if not common:
-        return None
-    diffs = [values[s] - against[s] for s in common]
-    return {**stat(diffs), "by_seed": {s: d for s, d in zip(common, diffs)}}
 
 
 def pct(value: dict | None, sign: bool = False) -> str:

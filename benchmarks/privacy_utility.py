@@ -48,7 +48,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS, stat, write_result  # noqa: E402
+from _common import RESULTS, paired, stat, write_result  # noqa: E402
 
 NAME = "privacy_utility"
 ROOT = RESULTS / NAME  # the pfedes-bench directories of the commands above
@@ -127,14 +127,6 @@ def read_cell(root: Path, reference: Path, setting: str, mode: str, strategy: st
                 break
             missing.setdefault(seed, got["missing"])
     return {"runs": runs, "missing": missing}
-
-
-def paired(values: dict[int, float], against: dict[int, float]) -> dict | None:
-    common = sorted(set(values) & set(against))
-    if not common:
-        return None
-    diffs = [values[s] - against[s] for s in common]
-    return {**stat(diffs), "by_seed": {s: d for s, d in zip(common, diffs)}}
 
 
 def collect(root: Path, reference: Path) -> list[dict]:
