@@ -81,7 +81,16 @@ def run_condition(attack: str, defence: str, seed: int, attackers: list[int], ou
         cfg["attack"] = {"factor": ATTACKS[attack], "partitions": attackers}
     rounds = finished_rounds(run_dir, cfg)
     if rounds is None:
-        simulate(cfg, client_app=attacker_app)
+        from pfedes import config
+
+        # the ServerApp (in this process) sends clients only config.CLIENT_KEYS: for this
+        # benchmark's runs it also sends `attack`, so that the attacker ClientApp sees it
+        keys = config.CLIENT_KEYS
+        config.CLIENT_KEYS = (*keys, "attack")
+        try:
+            simulate(cfg, client_app=attacker_app)
+        finally:
+            config.CLIENT_KEYS = keys
         rounds = read_rounds(run_dir)
     return rounds
 
