@@ -111,3 +111,11 @@ def paired(values: dict[int, float], against: dict[int, float]) -> dict | None:
         return None
     diffs = [values[s] - against[s] for s in common]
     return {**stat(diffs), "by_seed": {s: d for s, d in zip(common, diffs)}}
+
+
+def pct(value: dict | None, sign: bool = False) -> str:
+    """A stat()/paired() figure as points: "mean ± std" ("—" when there is none)."""
+    if value is None:
+        return "—"
+    std = "" if value["std"] is None else f" ± {100 * value['std']:.1f}"
+    return f"{100 * value['mean']:{'+' if sign else ''}.1f}{std}"

@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS, paired, stat  # noqa: E402
+from _common import RESULTS, paired, pct, stat  # noqa: E402
 
 REFERENCE = RESULTS / "hetero_dirichlet_val"
 ROUNDS = 60
@@ -59,13 +59,6 @@ def accuracies(directory: Path, strategy: str) -> dict[int, dict[str, float]]:
         if int(summary["rounds"]) == ROUNDS:
             out[seed] = {"acc": summary["acc_mean_last5"], "worst": summary["acc_worst_last5"]}
     return out
-
-
-def pct(value: dict | None, sign: bool = False) -> str:
-    if value is None:
-        return "—"
-    std = "" if value["std"] is None else f" ± {100 * value['std']:.1f}"
-    return f"{100 * value['mean']:{'+' if sign else ''}.1f}{std}"
 
 
 def main() -> None:

@@ -48,7 +48,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS, paired, stat, write_result  # noqa: E402
+from _common import RESULTS, paired, pct, stat, write_result  # noqa: E402
 
 NAME = "privacy_utility"
 ROOT = RESULTS / NAME  # the pfedes-bench directories of the commands above
@@ -161,13 +161,6 @@ def collect(root: Path, reference: Path) -> list[dict]:
         panels.append({"panel": title, "setting": setting, "mode": mode, "methods": methods,
                        "loss_difference": gaps or None})
     return panels
-
-
-def pct(value: dict | None, sign: bool = False) -> str:
-    if value is None:
-        return "—"
-    std = "" if value["std"] is None else f" ± {100 * value['std']:.1f}"
-    return f"{100 * value['mean']:{'+' if sign else ''}.1f}{std}"
 
 
 def markdown(panels: list[dict]) -> str:
