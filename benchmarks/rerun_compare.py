@@ -2,12 +2,15 @@
 with the committed one, strategy by strategy and seed by seed, e.g. the one-architecture table
 re-run after the refactors and the data layer's computed normalisation statistics:
 
-    pfedes-bench strategies=[local,pfedes] seeds=[0,1,2] clients.devices=[phone] \\
+    pfedes-bench strategies=[local,fedrep,pfedes] seeds=[0,1,2] clients.devices=[phone] \\
       data.partition=dirichlet data.alpha=0.3 num_rounds=60 data.path=../shared/data/cifar10 \\
       data.samples_per_client=500 data.val_fraction=0.15 num_clients=10 \\
-      out_dir=benchmarks/results/rerun_homog_dirichlet_val
+      out_dir=benchmarks/results/homog_dirichlet_val_rerun
     python benchmarks/rerun_compare.py benchmarks/results/homog_dirichlet_val \\
-      benchmarks/results/rerun_homog_dirichlet_val
+      benchmarks/results/homog_dirichlet_val_rerun
+
+(There FedRep's row is not a reproduction: its learning rate changed between the two, 0.01 then
+0.02 as the grid chose.)
 
 Prints and writes `<rerun>/comparison.json`: each strategy's accuracy then and now (mean of the
 last 5 rounds, paired by seed), and each gain over Local-only then and now. "Within noise" means
