@@ -1,8 +1,10 @@
-"""Own data through a real deployment (`pfedes-trial`: a SuperLink, SuperNodes and `flwr run`, each
-a process of its own): the 28x28 grayscale 10-class dataset with pFedES, the 64x64 RGB 100-class
-one with a heterogeneous baseline. The devices share one dataset as partitions (`pfedes-trial`
-gives every SuperNode the run's data.path as its `data-path`, with its own `partition-id`); each
-device reads it and builds its models for what it infers there."""
+"""Own data through a real deployment (a SuperLink, SuperNodes and `flwr run`, each a process of its
+own): the 28x28 grayscale 10-class dataset with pFedES, the 64x64 RGB 100-class one with a
+heterogeneous baseline, both through `pfedes-trial`, whose devices share one dataset as partitions
+(it gives every SuperNode the run's data.path as its `data-path`, with its own `partition-id`);
+then devices each with their own data (`data-path` a directory of its own, holding some of the
+run's classes), through pfedes/local_deployment.py. Each device reads its data and builds its
+models for what it infers there, in the run's classes."""
 
 import json
 from pathlib import Path
@@ -10,8 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from own_data import gray28, rgb64
+from own_data import gray28, make_images, rgb64, write_image_folder
 from pfedes.data import image_format, num_classes_of
+from pfedes.local_deployment import LocalDeployment
 from pfedes.methods import method_of
 from pfedes.models import resolve_architecture
 from pfedes.trial import main
@@ -82,3 +85,40 @@ def test_a_64x64_rgb_100_class_image_folder_trains_lgfedavg_on_a_deployment(tmp_
     assert any(v.shape[0] == 100 for v in server.values())  # the shared head has one row per class
     assert_built_for_the_data(root, summary, data, (3, 64, 64, 100))
 
+
+def test_devices_with_their_own_data_and_some_of_the_classes_train_pfedes_on_a_deployment(tmp_path):
+    """The real case: each SuperNode its own image folder (node config data-path, no partition),
+    the phone classes 0-4 of the run's ten, the gateway 5-9; the run's data.path (the server's)
+    has all ten. Each device builds its models for the ten and reads class007 as class 7."""
+    data = gray28(tmp_path / "run-data", "imagefolder")
+    images, labels = make_images(80, 10, (28, 28), "L", seed=7)
+    own = {}
+    for device, classes in (("phone", range(5)), ("gateway", range(5, 10))):
+        keep = [i for i, label in enumerate(labels) if label in classes]
+        own[device] = write_image_folder(tmp_path / f"{device}-data", [images[i] for i in keep],
+                                         [labels[i] for i in keep])
+        assert num_classes_of(str(own[device])) == 5
+    out_dir = tmp_path / "results"
+    with LocalDeployment(tmp_path / "deploy", tls=False, node_auth=False, node_names=tuple(own)) as dep:
+        dep.start_superlink()
+        for device, path in own.items():
+            dep.start_supernode(device, {"device": device, "data-path": str(path),
+                                         "state-dir": str(tmp_path / "state" / device)})
+        dep.wait_nodes_online(2)
+        run_id = dep.submit({"num_clients": 2, "num_rounds": 1, "data.path": str(data), "data.partition": "iid",
+                             "data.samples_per_client": 40, "evaluate_in_train": True, "train.torch_threads": 1,
+                             "strategy.warmup_steps": 0, "out_dir": str(out_dir)})
+        status = dep.wait_run(run_id, timeout=1500)
+        assert status["status"] == "finished:completed", dep.run_log(run_id)[-3000:]
+        logs = {device: dep.log_text(device)[-3000:] for device in own}
+    (record,) = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
+    assert record["clients_trained"] == 2 and record["clients_dropped"] == 0, logs
+    assert sorted(record["acc_by_device"]) == ["gateway", "phone"]
+    summary = json.loads((out_dir / "summary.json").read_text())
+    cfg = summary["config"]
+    fmt = image_format(str(own["phone"]))
+    for device in own:
+        saved = torch.load(tmp_path / "state" / device / "pfedes-p0.pt", weights_only=False)["trainer"]
+        built = method_of(cfg).trainer(cfg, saved["arch"], 10, seed=0, image=fmt).state_dict()
+        for part in ("exchange", "private"):
+            assert shapes(saved[part]) == shapes(built[part]), (device, part)
