@@ -8,7 +8,9 @@ Node config (deployment: `flower-supernode --node-config "..."`; simulation sets
   device         phone | gateway | gpu-host, or an architecture name (default: clients.devices
                  cycled over partition-id)
   data-path      a data path as data.path takes it: a directory of Parquet files or an image
-                 folder, or a hub dataset name (default: the experiment's data.path)
+                 folder, or a hub dataset name (default: the experiment's data.path); it may hold
+                 some of the run's classes only: the models are built for the run's (the server
+                 sends them), its labels matched to them (data.align_classes)
   state-dir      where the private state is saved (default: <out_dir>/client_state)
   partition-id   this node's partition when several nodes share one dataset
   num-partitions number of such partitions (default: num_clients; 1 = use the whole dataset)
@@ -38,12 +40,12 @@ from .client_round import build_trainer, evaluate_round, load_node_data, train_r
 from .client_state import StateStore
 from .compression import Codec
 from .config import for_device
-from .data import DataError
+from .data import DataError, align_classes
 from .devices import DeviceError, placement_for
 from .image_data import is_hub_name
 from .models import resolve_architecture
 from .privacy import local_dp_mod
-from .strategies.base import EVAL_IN_TRAIN_KEY, METRICS_KEY
+from .strategies.base import CLASSES_KEY, EVAL_IN_TRAIN_KEY, METRICS_KEY
 
 app = ClientApp()
 STORE = StateStore()
@@ -122,6 +124,10 @@ def _setup(msg: Message, context: Context):
     placement = placement_for(cfg, node.device)  # train.device on this node: DeviceError if it has none
     set_threads(threads_for(cfg))
     data = load_node_data(cfg, node.data_path, node.partition_id, node.num_partitions, node.state_file.parent)
+    if CLASSES_KEY in config:  # the run's classes, for a device whose own data holds only some of them
+        run_classes = parse_experiment(str(config[CLASSES_KEY]))
+        data = align_classes(data, int(run_classes["num_classes"]), run_classes["class_names"],
+                             f"node-config 'data-path' '{node.data_path}'")
     known = context.state.config_records.get(VERSION_KEY)
     version = int(known["version"]) if known is not None else None
     trainer, version = STORE.get(node.state_file, version,

@@ -14,7 +14,7 @@ import logging
 import os
 import warnings
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -23,9 +23,9 @@ import torch
 from .image_data import (EMBEDDED, DataError, DataSource, ImageFormat, as_source, decode_cells, embedded_dir,
                          image_format, is_hub_name, read_splits, resolve_data_dir, source_stamp)
 
-__all__ = ["EMBEDDED", "ClientData", "DataError", "DataSource", "ImageFormat", "batches", "check_data",
-           "embedded_dir", "image_format", "load_client_data", "load_split", "load_unified_test", "num_classes_of",
-           "resolve_data_dir", "to_input"]
+__all__ = ["EMBEDDED", "ClientData", "DataError", "DataSource", "ImageFormat", "align_classes", "batches",
+           "check_data", "class_names_of", "embedded_dir", "image_format", "load_client_data", "load_split",
+           "load_unified_test", "num_classes_of", "resolve_data_dir", "to_input"]
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +44,9 @@ class ClientData:
     # The dataset's per-channel statistics (image_data.image_format), for standardising inputs.
     mean: tuple[float, ...] = (0.0, 0.0, 0.0)
     std: tuple[float, ...] = (1.0, 1.0, 1.0)
+    # The dataset's class names (a ClassLabel's, an image folder's class folders), label i named
+    # class_names[i]; None when the labels are bare class ids.
+    class_names: list[str] | None = None
 
     @property
     def num_train(self) -> int:
@@ -69,6 +72,50 @@ def num_classes_of(source: DataSource | str) -> int:
     if train.class_names:
         return len(train.class_names)
     return int(np.max(train.dataset.data.column("label").to_numpy())) + 1
+
+
+def class_names_of(source: DataSource | str) -> list[str] | None:
+    """The class names of the train split (a ClassLabel's, an image folder's class folders), or
+    None when its labels are bare class ids."""
+    names = read_splits(as_source(source))["train"].class_names
+    return [str(n) for n in names] if names else None
+
+
+def align_classes(data: ClientData, num_classes: int, class_names: list[str] | None, where: str) -> ClientData:
+    """`data` in the run's classes: the class count of the run's data (data.path, which the server
+    builds the shared entries for) and its labels as the run's class ids, matched by name where both
+    name their classes, so that a device whose own data holds only some of the classes builds the
+    models every other device builds, and its label i means what it means elsewhere. DataError,
+    naming `where`, when its classes cannot be the run's."""
+    own = data.class_names
+    if own and class_names:
+        index = {name: i for i, name in enumerate(class_names)}
+        unknown = [name for name in own if name not in index]
+        if unknown:
+            raise DataError(f"{where}: class(es) {unknown[:5]} are not among the {len(class_names)} classes of the "
+                            f"run's data.path ({class_names[:5]}{' ...' if len(class_names) > 5 else ''})")
+        mapping = torch.tensor([index[name] for name in own], dtype=torch.int64)
+    else:
+        if own and len(own) != num_classes:
+            raise DataError(f"{where}: names its {len(own)} classes ({own[:5]}{' ...' if len(own) > 5 else ''}) "
+                            f"but the run's data.path has {num_classes} unnamed ones (bare class ids): the labels "
+                            "cannot be matched; give both the same class names (image folders, or a ClassLabel)")
+        labels = [y for y in (data.y_train, data.y_test, data.y_val) if y is not None and len(y)]
+        largest = max(int(y.max()) for y in labels) if labels else -1
+        if largest >= num_classes:
+            raise DataError(f"{where}: label {largest} is not a class of the run's data.path, which has "
+                            f"{num_classes} classes (0 to {num_classes - 1})")
+        mapping = None
+    if mapping is not None and torch.equal(mapping, torch.arange(len(mapping))):
+        mapping = None
+    if mapping is None and num_classes == data.num_classes:
+        return data
+
+    def relabel(y: torch.Tensor | None) -> torch.Tensor | None:
+        return y if y is None or mapping is None else mapping[y]
+
+    return replace(data, y_train=relabel(data.y_train), y_test=relabel(data.y_test), y_val=relabel(data.y_val),
+                   num_classes=num_classes, class_names=list(class_names) if class_names else own)
 
 
 def _offline_hub(path: str) -> None:
@@ -207,7 +254,8 @@ def _load_through_disk(key: tuple, cache_dir: Path) -> ClientData:
     settings, else decoded and written there (atomically) for the next process."""
     import hashlib
 
-    digest = hashlib.sha256(repr((source_stamp(key[0].path), key)).encode()).hexdigest()[:20]
+    # "class_names": files written before ClientData had them are not read back without them
+    digest = hashlib.sha256(repr((source_stamp(key[0].path), key, "class_names")).encode()).hexdigest()[:20]
     file = cache_dir / f"decoded-{digest}.pt"
     if file.is_file():
         try:
@@ -252,6 +300,7 @@ def _load_client_data(source: DataSource, partition: str, num_partitions: int, p
         x_test=splits["test"][0], y_test=splits["test"][1],
         num_classes=num_classes_of(source),
         x_val=splits["val"][0], y_val=splits["val"][1], mean=fmt.mean, std=fmt.std,
+        class_names=class_names_of(source),
     )
 
 

@@ -19,14 +19,15 @@ from flwr.serverapp import Grid, ServerApp
 
 from .client_state import atomic_torch_save, state_digest
 from .config import ConfigError, client_settings, experiment_config, overrides_from_run_config, with_later_settings
-from .data import (DataError, DataSource, check_data, classes_in_no_partition, image_format, load_unified_test,
-                   num_classes_of)
+from .data import (DataError, DataSource, check_data, class_names_of, classes_in_no_partition, image_format,
+                   load_unified_test, num_classes_of)
 from .grid import PromptGrid
 from .methods import method_of
 from .flower_log import quiet_flower
 from .models import resolve_architecture
 from .privacy import Privacy
 from .robust import Robustness
+from .strategies.base import CLASSES_KEY
 from .proxy_monitor import ProxyMonitor
 from .recording import RunRecorder
 
@@ -221,7 +222,10 @@ def run_experiment(grid: Grid, cfg: dict[str, Any]) -> dict[str, Any]:
         return MetricRecord({k: float(v) for k, v in extra.items()}) if extra else None
 
     remaining = int(cfg["num_rounds"]) - done
-    exp = ConfigRecord({"experiment": json.dumps(client_settings(cfg), sort_keys=True)})
+    # the run's classes travel too: a device with its own data (node config data-path) holding only
+    # some of them builds its models for all of them, its labels matched by name (data.align_classes)
+    exp = ConfigRecord({"experiment": json.dumps(client_settings(cfg), sort_keys=True),
+                        CLASSES_KEY: json.dumps({"num_classes": num_classes, "class_names": class_names_of(source)})})
     if remaining > 0:
         strategy.start(grid=grid, initial_arrays=ArrayRecord({k: Array(np.asarray(v)) for k, v in initial.items()}),
                        num_rounds=remaining, train_config=exp, evaluate_config=ConfigRecord(dict(exp)),

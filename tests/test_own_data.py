@@ -264,6 +264,88 @@ def test_image_size_settings_read_as_height_and_width():
     assert ImageFormat().size == (32, 32)
 
 
+# -- a device with its own data: the run's classes ----------------------------------------------
+
+def _subset(root, layout, classes, seed=5):
+    """A device's own data: 28x28 grayscale images of `classes` only (their ids in the 10-class
+    set), in `layout`: an image folder names them class003, ...; plain Parquet has their ids."""
+    images, labels = make_images(60, 10, (28, 28), "L", seed=seed)
+    keep = [i for i, label in enumerate(labels) if label in classes]
+    images, labels = [images[i] for i in keep], [labels[i] for i in keep]
+    if layout == "imagefolder":
+        return write_image_folder(root, images, labels)
+    return write_plain_parquet(root / "train.parquet", [png_bytes(im) for im in images], {"y": labels}).parent
+
+
+def test_a_device_with_some_of_the_classes_takes_the_runs_count_and_ids():
+    from pfedes.data import ClientData, align_classes
+
+    y = torch.tensor([0, 1, 2, 1])
+    named = ClientData(torch.zeros(4, 1, 16, 16, dtype=torch.uint8), y, torch.zeros(2, 1, 16, 16, dtype=torch.uint8),
+                       torch.tensor([2, 0]), 3, class_names=["cat", "dog", "owl"])
+    run = ["ant", "cat", "cow", "dog", "elk", "owl"]
+    out = align_classes(named, 6, run, "here")
+    assert out.num_classes == 6 and out.class_names == run
+    assert out.y_train.tolist() == [1, 3, 5, 3] and out.y_test.tolist() == [5, 1]  # by name
+    assert named.y_train.tolist() == [0, 1, 2, 1]  # the (cached) data itself is left alone
+    assert align_classes(named, 3, ["cat", "dog", "owl"], "here") is named  # the run's own data: unchanged
+    bare = ClientData(named.x_train, y, named.x_test, torch.tensor([2, 0]), 3)
+    ids = align_classes(bare, 10, None, "here")  # bare ids are ids: only the count changes
+    assert ids.num_classes == 10 and ids.y_train.tolist() == [0, 1, 2, 1]
+    assert align_classes(bare, 6, run, "here").y_train.tolist() == [0, 1, 2, 1]
+    with pytest.raises(DataError, match=r"here: class\(es\) \['bee'\] are not among the 6 classes"):
+        align_classes(ClientData(named.x_train, y, named.x_test, y[:2], 3, class_names=["cat", "bee", "owl"]),
+                      6, run, "here")
+    with pytest.raises(DataError, match="here: label 2 is not a class of the run's data.path, which has 2 classes"):
+        align_classes(bare, 2, None, "here")
+    with pytest.raises(DataError, match="here: names its 3 classes .* but the run's data.path has 10 unnamed"):
+        align_classes(named, 10, None, "here")
+    assert align_classes(named, 3, None, "here") is named  # as many: taken in their order
+
+
+@pytest.mark.parametrize("layout, method", [("imagefolder", "pfedes"), ("plain_parquet", "lgfedavg")])
+def test_the_client_app_of_a_device_with_some_of_the_classes_trains_for_all_of_them(tmp_path, layout, method):
+    """The real ClientApp (without Ray) as a deployed SuperNode runs it, with its own data-path: 3
+    of the run's 10 classes. It builds its models for the 10 the server's arrays are shaped for,
+    and its labels are the run's class ids (an image folder's class003 is class 3, not 0)."""
+    from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
+
+    from pfedes import client_app
+    from pfedes.config import client_settings
+    from pfedes.data import class_names_of
+    from pfedes.methods import method_of
+    from pfedes.models import resolve_architecture
+    from pfedes.server_app import prepare
+    from pfedes.strategies.base import CLASSES_KEY
+
+    run_data = gray28(tmp_path / "run", layout)
+    own = _subset(tmp_path / "own", layout, (3, 7, 8))
+    assert num_classes_of(str(own)) in (3, 9)  # on its own the device would build 3- or 9-class models
+    cfg = prepare(make_cfg(f"strategy={method}", "num_clients=2", f"data.path={run_data}", "data.samples_per_client=40",
+                           f"out_dir={tmp_path / 'out'}"))
+    cfg["run_token"] = "t"
+    initial = method_of(cfg).trainer.initial_shared(cfg, resolve_architecture("phone", cfg["model"]["profiles"]), 10,
+                                                    image_format(str(run_data)))
+    from flwr.supercore.task_identity import TaskIdentity
+
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
+    classes = json.dumps({"num_classes": 10, "class_names": class_names_of(str(run_data))})
+    config = ConfigRecord({"experiment": json.dumps(client_settings(cfg)), "server-round": 1, CLASSES_KEY: classes})
+    msg = Message(RecordDict({"arrays": ArrayRecord({k: Array(v.numpy()) for k, v in initial.items()}),
+                              "config": config}), dst_node_id=1, message_type="train")
+    context = Context(run_id=1, node_id=1, node_config={"device": "phone", "data-path": str(own),
+                                                        "state-dir": str(tmp_path / "state")},
+                      state=RecordDict(), run_config={})
+    reply = client_app.app(msg, context)
+    assert not reply.has_error(), reply.error.reason
+    assert {k: a.numpy().shape for k, a in reply.content["arrays"].items()} == \
+        {k: tuple(v.shape) for k, v in initial.items()}
+    _, _, data, trainer, _ = client_app._setup(msg, context)
+    assert data.num_classes == 10 and sorted(set(data.y_train.tolist()) | set(data.y_test.tolist())) == [3, 7, 8]
+    ten = method_of(cfg).trainer(cfg, trainer.arch, 10, seed=0, image=data.image_format).state_dict()["private"]
+    assert {k: v.shape for k, v in trainer.state_dict()["private"].items()} == {k: v.shape for k, v in ten.items()}
+
+
 # -- end to end through Flower's simulation engine ----------------------------------------------
 
 def _sim_cfg(root, tmp_path, method: str, devices: str, *extra):

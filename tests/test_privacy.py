@@ -297,3 +297,36 @@ def test_the_client_apps_train_handler_runs_local_dp_on_its_reply(tmp_path, monk
             assert norm == pytest.approx(10.0 * np.sqrt(sum(v.numel() for v in initial.values())), rel=1e-5)
         else:
             assert norm == pytest.approx(expected, rel=1e-4)
+
+
+@pytest.mark.slow
+def test_a_deployed_local_dp_run_noises_on_the_devices_and_reports_epsilon(tmp_path):
+    """`pfedes-trial`: a SuperLink, two SuperNodes and `flwr run`, privacy.mode=local. The settings
+    travel in the messages to each device, whose ClientApp runs Flower's LocalDpMod on its reply
+    (its own log lines, in the SuperNode's log); the server accounts one release per reply."""
+    import torch
+
+    from pfedes.methods import method_of
+    from pfedes.models import resolve_architecture
+    from pfedes.trial import main
+
+    root = tmp_path / "trial"
+    settings = ("num_rounds=1 data.samples_per_client=60 strategy.warmup_steps=0 train.torch_threads=1 "
+                "privacy.mode='local' privacy.noise_multiplier=0.5 privacy.clipping_norm=2.0")
+    assert main(["--nodes", "2", "--dir", str(root), "--timeout", "1500", "-c", settings]) == 0
+    results = root / "results"
+    rounds = [json.loads(line) for line in (results / "metrics.jsonl").read_text().splitlines()]
+    assert len(rounds) == 1 and rounds[0]["clients_trained"] == 2 and rounds[0]["clients_dropped"] == 0
+    eps = rounds[0]["server_metrics"]["dp_epsilon"]
+    assert eps == pytest.approx(epsilon_after(0.5, [2], 2, 1e-5))
+    summary = json.loads((results / "summary.json").read_text())
+    assert summary["dp_epsilon"] == pytest.approx(eps) and summary["config"]["privacy"]["mode"] == "local"
+    for device in ("phone-0", "gateway-1"):  # Flower's mod ran on each device: clipped to C, std sigma * 2C
+        log = (root / "logs" / f"{device}.0.log").read_text()
+        assert "LocalDpMod: parameters are clipped by value: 2.0000" in log, device
+        assert "LocalDpMod: local DP noise with 2.0000 stddev added to parameters" in log, device
+    cfg = summary["config"]
+    initial = method_of(cfg).trainer.initial_shared(cfg, resolve_architecture("phone", cfg["model"]["profiles"]), 10)
+    final = torch.load(results / "server_checkpoint.pt", weights_only=False)["arrays"]
+    change = np.concatenate([(final[k] - initial[k].numpy()).ravel() for k in initial])
+    assert change.std() > 0.7  # the mean of two replies, each noised with std 2 per entry

@@ -35,6 +35,7 @@ from ..validation import arrays_problem
 WEIGHT_KEY = "num-examples"
 METRICS_KEY = "metrics"  # the MetricRecord of a train or evaluate reply
 EVAL_IN_TRAIN_KEY = "evaluation"  # its personal-model figures when evaluate_in_train=true
+CLASSES_KEY = "classes"  # in a message's config: the run's class count and names, as JSON
 
 
 def arrays_nbytes(record: ArrayRecord | None) -> int:
