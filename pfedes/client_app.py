@@ -153,14 +153,17 @@ def _setup_errors_as_replies(handler):
     return wrapper
 
 
-def _trace(message_type: str, node: Node, server_round: int, entered: float, set_up: float) -> None:
+def _trace(message_type: str, node: Node, server_round: int, entered: tuple[float, float],
+           set_up: tuple[float, float]) -> None:
     """One line of the opt-in timing trace (pfedes.tracing): process start, handler entry,
-    set-up done (data, model, private state), work done. Nothing is read or written when off."""
+    set-up done (data, model, private state), work done, by the wall clock and by the process's
+    CPU time (`tracing.clock`). Nothing is read or written when off."""
     if not tracing.enabled():
         return
+    done = tracing.clock()
     tracing.record("clientapp", message=message_type, device=node.device, round=server_round,
-                   process_start=tracing.process_start_time(), entered=entered, set_up=set_up,
-                   done=tracing.now())
+                   process_start=tracing.process_start_time(), entered=entered[0], set_up=set_up[0], done=done[0],
+                   cpu={"entered": entered[1], "set_up": set_up[1], "done": done[1]})
 
 
 def _info(node: Node) -> ConfigRecord:
@@ -182,9 +185,9 @@ def encode_upload(codec: Codec, trainer, shared: dict[str, torch.Tensor], receiv
 @app.train(mods=[local_dp_mod])  # Flower's LocalDpMod on the reply when the run's privacy.mode is local
 @_setup_errors_as_replies
 def train(msg: Message, context: Context) -> Message:
-    entered = tracing.now()
+    entered = tracing.clock()
     cfg, node, data, trainer, version = _setup(msg, context)
-    set_up = tracing.now()
+    set_up = tracing.clock()
     arrays = msg.content.array_records.get("arrays", ArrayRecord())
     server_round = int(msg.content["config"].get("server-round", 0))
     shared, metrics = train_round(trainer, arrays.to_torch_state_dict(), data, cfg,
@@ -204,9 +207,9 @@ def train(msg: Message, context: Context) -> Message:
 @app.evaluate()
 @_setup_errors_as_replies
 def evaluate(msg: Message, context: Context) -> Message:
-    entered = tracing.now()
+    entered = tracing.clock()
     _, node, data, trainer, _ = _setup(msg, context)
-    set_up = tracing.now()
+    set_up = tracing.clock()
     arrays = msg.content.array_records.get("arrays", ArrayRecord())
     metrics = evaluate_round(trainer, arrays.to_torch_state_dict(), data)
     content = RecordDict({METRICS_KEY: MetricRecord(metrics), "info": _info(node)})

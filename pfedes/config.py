@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from omegaconf import DictConfig, OmegaConf
+if TYPE_CHECKING:  # omegaconf (and hydra) only where a configuration is composed: a ClientApp never does
+    from omegaconf import DictConfig
 
 
 class ConfigError(ValueError):
@@ -38,6 +39,8 @@ def compose(overrides: Sequence[str] = ()) -> DictConfig:
 
 def to_dict(cfg: DictConfig) -> dict[str, Any]:
     """A plain, resolved dict without hydra's own section."""
+    from omegaconf import OmegaConf
+
     plain = OmegaConf.to_container(cfg, resolve=True)
     plain.pop("hydra", None)
     return plain
@@ -68,6 +71,8 @@ _NOT_SETTINGS = ("name", "method", "server", "trainer", "share", "defaults")  # 
 
 def strategy_setting_names() -> list[str]:
     """The settings of every preset in conf/strategy/, sorted."""
+    from omegaconf import OmegaConf
+
     names: set[str] = set()
     for preset in sorted((conf_dir() / "strategy").glob("*.yaml")):
         names.update(k for k in OmegaConf.load(preset) if k not in _NOT_SETTINGS)

@@ -30,6 +30,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from stat import S_ISREG
 from typing import Any
 
 import numpy as np
@@ -172,13 +173,27 @@ def offline_message(path: str) -> str:
 
 
 def source_stamp(path: str) -> tuple:
-    """What identifies the data's content cheaply: every file's name, size and mtime (local), or
-    the hub name."""
-    if layout_of(path) == "hub":
-        return (path,)
-    root = resolve_data_dir(path)
-    return (str(root), tuple(sorted((str(f.relative_to(root)), f.stat().st_size, f.stat().st_mtime_ns)
-                                    for f in root.rglob("*") if f.is_file())))
+    """What identifies the data's content cheaply: the directory and every file's name, size and
+    modification time in nanoseconds (local), or the hub name. Every new ClientApp process of a
+    deployment checks it (the decoded-data cache, data.py), so it is one walk of the directory, one
+    stat per file and no file's bytes: any write changes a file's mtime, and hashing the bytes would
+    cost a read of the whole dataset per process (docs/deployment.md, section 6)."""
+    if path != EMBEDDED and not Path(path).expanduser().is_dir():
+        if is_hub_name(path):
+            return (path,)
+        resolve_data_dir(path)  # the DataError that names the path
+    root = str((embedded_dir() if path == EMBEDDED else Path(path).expanduser()).resolve())
+    files = []
+    for directory, _, names in os.walk(root):  # as Path.rglob: symlinked directories are not entered
+        for name in names:
+            file = os.path.join(directory, name)
+            try:
+                stat = os.stat(file)
+            except OSError:  # a dangling link: no file
+                continue
+            if S_ISREG(stat.st_mode):
+                files.append((os.path.relpath(file, root), stat.st_size, stat.st_mtime_ns))
+    return (root, tuple(sorted(files)))
 
 
 # -- reading a layout into datasets.Dataset splits ---------------------------------------------

@@ -22,6 +22,12 @@ now = time.time  # the one clock every trace line uses (comparable across proces
 _warned: set[str] = set()
 
 
+def clock() -> tuple[float, float]:
+    """(wall clock, this process's CPU seconds since it started): the CPU time tells what a
+    step costs even where other processes share the cores."""
+    return now(), time.process_time()
+
+
 def process_start_time() -> float | None:
     """When this process started (seconds since the epoch), from /proc; None elsewhere."""
     try:
@@ -56,6 +62,7 @@ STEPS = ("server sends -> ClientApp process starts (polls)",
          "handler set-up (data, model, private state)",
          "work (train or evaluate, save)",
          "reply -> server has all replies")
+ROUND_CPU = "all ClientApp processes of a round, start to reply (CPU)"
 
 
 def breakdown(trace_text: str, first_round: int = 1) -> dict[str, list[float]]:
@@ -79,4 +86,23 @@ def breakdown(trace_text: str, first_round: int = 1) -> dict[str, list[float]]:
         for step, seconds in zip(STEPS[1:], (t["entered"] - started, t["set_up"] - t["entered"],
                                              t["done"] - t["set_up"], phase["received"] - t["done"])):
             steps[step].append(seconds)
+    return {step: v for step, v in steps.items() if v}
+
+
+def cpu_breakdown(trace_text: str, first_round: int = 1) -> dict[str, list[float]]:
+    """CPU seconds of each ClientApp process's steps (STEPS[1:4]) from `first_round` on, from the
+    lines that carry CPU times: process start to handler (Flower's start-up and the imports), the
+    handler's set-up, the work; and per round, the sum over its messages of all three."""
+    lines = [json.loads(line) for line in trace_text.splitlines() if line.strip()]
+    steps: dict[str, list[float]] = {step: [] for step in (*STEPS[1:4], ROUND_CPU)}
+    per_round: dict[int, float] = {}
+    for t in lines:
+        if t["kind"] != "clientapp" or t["round"] < first_round or "cpu" not in t:
+            continue
+        cpu = t["cpu"]
+        for step, seconds in zip(STEPS[1:4], (cpu["entered"], cpu["set_up"] - cpu["entered"],
+                                              cpu["done"] - cpu["set_up"])):
+            steps[step].append(seconds)
+        per_round[t["round"]] = per_round.get(t["round"], 0.0) + cpu["done"]
+    steps[ROUND_CPU] = [per_round[r] for r in sorted(per_round)]
     return {step: v for step, v in steps.items() if v}

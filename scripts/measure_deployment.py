@@ -8,7 +8,8 @@ the same device, architecture and data per client), one torch thread per client,
 ServerApp's own per-round clock (metrics.jsonl `seconds`: train + evaluate + aggregation).
 Round 1 holds start-up (Ray actors, first imports), so the ratio is taken over rounds 2..N.
 --trace also times each deployed message step by step (pfedes.tracing) and prints where a round
-goes: pick-up and process start, start-up and imports, the handler's set-up, the work, the reply.
+goes: pick-up and process start, start-up and imports, the handler's set-up, the work, the reply;
+and the CPU time of each ClientApp process's steps, which other load on the machine disturbs less.
 """
 
 from __future__ import annotations
@@ -103,10 +104,13 @@ def main() -> None:
         sim = summary(run_simulation(args, tmp / "sim"))
         dep = summary(run_deployment(args, tmp / "dep"))
         if args.trace:
-            from pfedes.tracing import breakdown
+            from pfedes.tracing import breakdown, cpu_breakdown
 
-            steps = breakdown((tmp / "dep" / "trace.jsonl").read_text(), first_round=2)
+            trace = (tmp / "dep" / "trace.jsonl").read_text()
+            steps = breakdown(trace, first_round=2)
             dep["steps_seconds_min_max"] = {step: [round(min(v), 2), round(max(v), 2)] for step, v in steps.items()}
+            cpu = cpu_breakdown(trace, first_round=2)
+            dep["steps_cpu_seconds_min_max"] = {step: [round(min(v), 2), round(max(v), 2)] for step, v in cpu.items()}
     result = {"config": {k: v for k, v in vars(args).items() if k not in ("out", "data_dir")},
               "simulation": sim, "deployment": dep,
               "ratio_deployment_over_simulation": dep["mean_after_round_1"] / sim["mean_after_round_1"],

@@ -40,6 +40,31 @@ def test_missing_or_malformed_path_names_it(tmp_path):
         load_client_data(str(tmp_path), "iid", 2, 0, 0)
 
 
+def test_the_stamp_a_new_process_checks_is_each_regular_files_name_size_and_mtime(tmp_path):
+    """The decoded cache's key (data.py): one stat per file, no bytes read; links to files count
+    as their targets, dangling links and linked directories are left out (as Path.rglob does)."""
+    import os
+
+    from pfedes.image_data import source_stamp
+
+    (tmp_path / "cat").mkdir()
+    (tmp_path / "cat" / "a.png").write_bytes(b"aa")
+    (tmp_path / "b.png").write_bytes(b"bbb")
+    (tmp_path / "link.png").symlink_to(tmp_path / "b.png")
+    (tmp_path / "dangling.png").symlink_to(tmp_path / "nowhere.png")
+    (tmp_path / "linked-dir").symlink_to(tmp_path / "cat")
+    expected = tuple(sorted((name, os.stat(tmp_path / name).st_size, os.stat(tmp_path / name).st_mtime_ns)
+                            for name in ("b.png", os.path.join("cat", "a.png"), "link.png")))
+    stamp = source_stamp(str(tmp_path))
+    assert stamp == (str(tmp_path.resolve()), expected)
+    (tmp_path / "cat" / "a.png").write_bytes(b"xx")  # the same size, new content
+    os.utime(tmp_path / "cat" / "a.png", ns=(1, stamp[1][1][2] + 10**9))  # past the clock's granularity
+    assert source_stamp(str(tmp_path)) != stamp
+    assert source_stamp("uoft-cs/cifar10") == ("uoft-cs/cifar10",)
+    with pytest.raises(DataError, match="nowhere"):
+        source_stamp(str(tmp_path / "nowhere"))
+
+
 def test_a_device_decodes_its_data_once_on_disk_and_a_new_process_reads_it_back(tmp_path, monkeypatch):
     """A deployed ClientApp is a fresh process per message: with a cache dir the partitioned,
     decoded data is written once and read back bit for bit; other settings get their own file."""

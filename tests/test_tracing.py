@@ -49,3 +49,31 @@ def test_breakdown_splits_each_message_on_hand_computed_times():
     steps = tracing.breakdown("\n".join(json.dumps(line) for line in lines), first_round=2)
     assert steps == {tracing.STEPS[0]: [1.0], tracing.STEPS[1]: [3.0, 5.0], tracing.STEPS[2]: [2.0, 1.0],
                      tracing.STEPS[3]: [1.5, 3.0], tracing.STEPS[4]: [2.5, 1.0]}
+
+
+def test_cpu_breakdown_takes_each_process_s_cpu_steps_and_sums_a_round():
+    def client(round_, entered, set_up, done):
+        return {"kind": "clientapp", "round": round_, "process_start": None, "entered": 0.0, "set_up": 0.0,
+                "done": 0.0, "cpu": {"entered": entered, "set_up": set_up, "done": done}}
+
+    lines = [client(1, 9.0, 9.0, 9.0), client(2, 2.0, 2.5, 3.0), client(2, 1.5, 1.75, 2.0), client(3, 2.0, 2.25, 2.5),
+             {"kind": "clientapp", "round": 3, "process_start": None, "entered": 0.0, "set_up": 0.0, "done": 0.0}]
+    cpu = tracing.cpu_breakdown("\n".join(json.dumps(line) for line in lines), first_round=2)
+    assert cpu == {tracing.STEPS[1]: [2.0, 1.5, 2.0], tracing.STEPS[2]: [0.5, 0.25, 0.25],
+                   tracing.STEPS[3]: [0.5, 0.25, 0.25], tracing.ROUND_CPU: [5.0, 2.5]}
+
+
+def test_a_traced_client_message_records_its_wall_and_cpu_times(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from pfedes import client_app
+
+    path = tmp_path / "trace.jsonl"
+    monkeypatch.setenv(tracing.TRACE_ENV, str(path))
+    entered = tracing.clock()
+    set_up = tracing.clock()
+    client_app._trace("train", SimpleNamespace(device="phone"), 2, entered, set_up)
+    line = json.loads(path.read_text())
+    assert (line["entered"], line["set_up"]) == (entered[0], set_up[0]) and line["done"] >= set_up[0]
+    assert line["cpu"]["entered"] == entered[1] <= line["cpu"]["set_up"] == set_up[1] <= line["cpu"]["done"]
+    assert tracing.cpu_breakdown(path.read_text())[tracing.ROUND_CPU] == [line["cpu"]["done"]]

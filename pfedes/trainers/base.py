@@ -14,6 +14,7 @@ from ..data import ClientData, ImageFormat, batches
 from ..devices import Placement, cpu_placement
 from ..filters import shared_keys
 from ..models import build_client_model
+from ..optim import LocalSGD
 from ..validation import arrays_problem
 
 
@@ -80,10 +81,10 @@ class Trainer:
         self.upload_residual: dict[str, torch.Tensor] = {}
 
     def local_sgd(self, params) -> torch.optim.SGD:
-        """The local optimiser every method uses (train.lr, momentum, weight_decay)."""
+        """The local optimiser every method uses (train.lr, momentum, weight_decay): torch's SGD,
+        without its torch._dynamo import (pfedes/optim.py)."""
         train = self.cfg["train"]
-        return torch.optim.SGD(params, lr=train["lr"], momentum=train["momentum"],
-                               weight_decay=train["weight_decay"])
+        return LocalSGD(params, lr=train["lr"], momentum=train["momentum"], weight_decay=train["weight_decay"])
 
     # -- hooks for subclasses -------------------------------------------------------------
     def build_extra_modules(self) -> None:

@@ -62,6 +62,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from ..models import ProxyExtractor
+from ..optim import LocalSGD
 from .alignment import ALIGN_KINDS, align_loss, anti_collapse
 from .base import Trainer
 
@@ -131,7 +132,7 @@ class PFedESTrainer(Trainer):
     def begin_round(self) -> None:
         # The proxy is replaced by the server's each round: its optimizer starts fresh too.
         train = self.cfg["train"]
-        self.proxy_optimizer = torch.optim.SGD(
+        self.proxy_optimizer = LocalSGD(
             self.proxy.parameters(), lr=train["lr"] * self.settings.proxy_lr_scale,
             momentum=train["momentum"])
         self.proxy.train()
