@@ -157,11 +157,25 @@ def stratified_split(labels: np.ndarray, test_fraction: float, rng: np.random.Ge
     return np.sort(np.concatenate(train)), np.sort(np.concatenate(test))
 
 
+def take_cells(column, rows: np.ndarray) -> list:
+    """`column[rows]` as Python values, taken chunk by chunk: pyarrow's take on a chunked column
+    of images joins all its chunks first (8 ms for CIFAR-10's 50,000 training images, paid by
+    every client that loads its 40 rows, twice)."""
+    rows = np.asarray(rows, dtype=np.int64)
+    out: list = [None] * len(rows)
+    starts = np.cumsum([0] + [len(chunk) for chunk in column.chunks])
+    which = np.searchsorted(starts, rows, side="right") - 1
+    for k in np.unique(which):
+        at = np.flatnonzero(which == k)
+        for i, value in zip(at, column.chunk(int(k)).take(rows[at] - starts[k]).to_pylist()):
+            out[i] = value
+    return out
+
+
 def decode_images(dataset, rows: np.ndarray, fmt: ImageFormat) -> tuple[torch.Tensor, np.ndarray]:
     """Decode the `img` cells of `rows` into a uint8 N x C x H x W tensor in `fmt`'s channels and
     size; also the mask of the rows that decoded (those that did not are left out)."""
-    cells = dataset.data.column("img").take(rows).to_pylist() if len(rows) else []
-    return decode_cells(cells, fmt)
+    return decode_cells(take_cells(dataset.data.column("img"), rows), fmt)
 
 
 class DecodedCache:
