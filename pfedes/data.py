@@ -235,7 +235,7 @@ def _load_through_disk(key: tuple, cache_dir: Path) -> ClientData:
     from .client_state import atomic_torch_save
 
     data = _load_client_data(*key)
-    atomic_torch_save(vars(data), file)
+    atomic_torch_save(vars(data), file, durable=False)  # a cache: a damaged file is rebuilt (above)
     return data
 
 

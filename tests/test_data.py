@@ -46,7 +46,10 @@ def test_a_device_decodes_its_data_once_on_disk_and_a_new_process_reads_it_back(
     import pfedes.data as data_module
 
     args = ("embedded", "pathological", 4, 1, 0, 2, 0.3, 60, 0.2)
+    synced = []
+    monkeypatch.setattr("os.fsync", synced.append)
     first = load_client_data(*args, cache_dir=tmp_path)
+    assert synced == []  # a cache, not state: no fsync (a first-time client of a large fleet waits less)
     files = list(tmp_path.glob("decoded-*.pt"))
     assert len(files) == 1
     monkeypatch.setattr(data_module, "DECODED", data_module.DecodedCache(2**30))  # a new process
