@@ -85,15 +85,16 @@ def rss_tree_bytes(pid: int) -> int:
     return total
 
 
-def cpu_seconds_by_process(pid: int) -> dict[tuple[int, int], float]:
+def cpu_seconds_by_process(pid: int) -> dict[tuple[int, int, str], float]:
     """CPU seconds (user + system) so far of a process and each of its live descendants, keyed by
-    (pid, start time) so that a reused pid is another process."""
+    (pid, start time, name) so that a reused pid is another process."""
     tick = os.sysconf("SC_CLK_TCK")
     out = {}
     for p in process_tree(pid):
         try:
-            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-            out[(p, int(fields[19]))] = (int(fields[11]) + int(fields[12])) / tick
+            name, rest = Path(f"/proc/{p}/stat").read_text().split("(", 1)[1].rsplit(")", 1)
+            fields = rest.split()
+            out[(p, int(fields[19]), name)] = (int(fields[11]) + int(fields[12])) / tick
         except (OSError, IndexError, ValueError):
             continue
     return out

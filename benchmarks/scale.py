@@ -11,7 +11,9 @@ private state on disk and the server's state per client it knows.
 in turn N times (default 3), each row in a fresh process; a row's ratio to the 10-client row is
 the median over the repeats of the ratio within one repeat (rows minutes apart), so a loaded
 stretch of a shared machine weighs less. Besides wall seconds, the CPU seconds of the whole
-process tree per round (rounds 2..N), which waiting for a core does not inflate. pFedES's
+process tree per round (rounds 2..N), which waiting for a core does not inflate, and their split
+between the server process (the ServerApp and Flower's simulation engine), the ClientApp actors
+and Ray's own processes. pFedES's
 warm-up (its first steps on a client train only the heads) is off here: with 1,000 clients
 nearly every training is a client's first and would be cheaper, which is not what is measured.
 
@@ -57,62 +59,81 @@ ROWS = {  # name: (clients, selection.mode)
 }
 
 
-class PeakMemory:
-    """Samples the RSS of a process tree (default: this process's) every `period` seconds."""
+class Sampler:
+    """Calls `sample` every `period` seconds in a thread, from `with` until its end or `done`."""
+
+    done = False
+
+    def __init__(self, period: float) -> None:
+        self.period, self._stop = period, threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def sample(self) -> None:
+        raise NotImplementedError
+
+    def _run(self) -> None:
+        while not self._stop.is_set() and not self.done:
+            self.sample()
+            self._stop.wait(self.period)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+class PeakMemory(Sampler):
+    """The peak RSS of a process tree (default: this process's)."""
 
     def __init__(self, period: float = 0.5, pid: int | None = None) -> None:
-        self.period, self.peak, self._stop = period, 0, threading.Event()
-        self.pid = os.getpid() if pid is None else pid
-        self._thread = threading.Thread(target=self._run, daemon=True)
+        super().__init__(period)
+        self.peak, self.pid = 0, os.getpid() if pid is None else pid
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.peak = max(self.peak, rss_tree_bytes(self.pid))
-            self._stop.wait(self.period)
-
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
+    def sample(self) -> None:
+        self.peak = max(self.peak, rss_tree_bytes(self.pid))
 
 
-class SteadyCpu:
-    """CPU seconds (user + system) of this process and all its descendants (Ray and its workers)
-    from the end of round 1 to the end of the last round, less this sampler's own, sampled every
-    `period` seconds: the rounds are seen ending as lines of metrics.jsonl. Less noisy than wall
-    time on a shared machine, where a process may wait for a core as long as it runs."""
+def cpu_group(key: tuple[int, int, str]) -> str:
+    """Whose CPU a process of the simulation's tree is: the server (this process: the ServerApp
+    and Flower's simulation engine), a ClientApp actor, or Ray's own processes."""
+    pid, _, name = key
+    if pid == os.getpid():
+        return "server"
+    return "clientapps" if name.startswith("ray::ClientApp") else "ray"
+
+
+class SteadyCpu(Sampler):
+    """CPU seconds (user + system) of this process and all its descendants (Ray and its workers),
+    by `cpu_group`, from the end of round 1 to the end of the last round, less this sampler's
+    own: the rounds are seen ending as lines of metrics.jsonl. Less noisy than wall time on a
+    shared machine, where a process may wait for a core as long as it runs."""
 
     def __init__(self, metrics: Path, rounds: int, period: float = 0.5) -> None:
-        self.metrics, self.rounds, self.period = metrics, rounds, period
-        self.seen: dict[tuple[int, int], float] = {}  # kept after a process ends
-        self.marks: dict[int, float] = {}  # rounds done -> CPU seconds then
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
+        super().__init__(period)
+        self.metrics, self.rounds = metrics, rounds
+        self.seen: dict[tuple[int, int, str], float] = {}  # kept after a process ends
+        self.marks: dict[int, dict[str, float]] = {}  # rounds done -> CPU seconds by group then
 
-    def _run(self) -> None:
-        while not self._stop.is_set() and self.rounds not in self.marks:
-            self.seen.update(cpu_seconds_by_process(os.getpid()))
-            done = len(self.metrics.read_text().splitlines()) if self.metrics.is_file() else 0
-            for mark in (1, self.rounds):
-                if done >= mark and mark not in self.marks:  # less this sampler's own CPU
-                    self.marks[mark] = sum(self.seen.values()) - time.thread_time()
-            self._stop.wait(self.period)
+    def sample(self) -> None:
+        self.seen.update(cpu_seconds_by_process(os.getpid()))
+        done = len(self.metrics.read_text().splitlines()) if self.metrics.is_file() else 0
+        for mark in (1, self.rounds):
+            if done >= mark and mark not in self.marks:
+                groups = {"server": -time.thread_time(), "clientapps": 0.0, "ray": 0.0}  # less this thread
+                for key, seconds in self.seen.items():
+                    groups[cpu_group(key)] += seconds
+                self.marks[mark] = groups
+        self.done = self.rounds in self.marks
 
-    def per_round(self) -> float | None:
+    def per_round(self) -> dict[str, float] | None:
+        """CPU seconds per steady round: in all ("total") and by group."""
         if 1 not in self.marks or self.rounds not in self.marks or self.rounds < 2:
             return None
-        return (self.marks[self.rounds] - self.marks[1]) / (self.rounds - 1)
-
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
+        out = {g: (self.marks[self.rounds][g] - self.marks[1][g]) / (self.rounds - 1) for g in self.marks[1]}
+        return {"total": sum(out.values()), **out}
 
 
 def client_state(state_dir: Path, strategy: str, devices: list[str]) -> dict:
@@ -181,7 +202,8 @@ def run_row(name: str, argv: list[str], out: Path) -> dict:
     return {"row": name, "clients": total, "sampled_per_round": int(round(total * fraction)),
             "selection": mode, "samples_per_client": SAMPLES_PER_CLIENT, "rounds": len(rounds),
             "steady_s_per_round": float(np.mean(steady)), "steady_s_per_round_median": float(np.median(steady)),
-            "steady_cpu_s_per_round": cpu.per_round(), "wall_s": wall,
+            "steady_cpu_s_per_round": (cpu.per_round() or {}).get("total"),
+            "steady_cpu_s_per_round_by_process": cpu.per_round(), "wall_s": wall,
             **client_state(out / "client_state", cfg["strategy"]["name"], list(cfg["clients"]["devices"])),
             **server_state(out), **handler_times(out / "trace.jsonl")}
 
@@ -220,6 +242,10 @@ def combine(runs: list[dict]) -> dict:
     cpu = [r["steady_cpu_s_per_round"] for r in runs if r["steady_cpu_s_per_round"] is not None]
     row["steady_cpu_s_per_round"] = float(np.mean(cpu)) if cpu else None
     row["steady_cpu_s_per_round_repeats"] = [r["steady_cpu_s_per_round"] for r in runs]
+    by = [r["steady_cpu_s_per_round_by_process"] for r in runs if r["steady_cpu_s_per_round_by_process"]]
+    row["steady_cpu_s_per_round_by_process"] = {g: float(np.mean([b[g] for b in by])) for g in by[0]} if by else None
+    for group in ("server", "clientapps", "ray"):
+        row[f"cpu_{group}_s"] = (row["steady_cpu_s_per_round_by_process"] or {}).get(group)
     row["wall_s"] = float(np.mean([r["wall_s"] for r in runs]))
     row["peak_rss_gib"] = max(r["peak_rss_gib"] for r in runs)
     return row
@@ -280,7 +306,8 @@ def main(argv: list[str]) -> None:
                        "wall_s", "peak_rss_gib", "clients_trained", "client_state_bytes",
                        "client_state_bytes_per_trained", "state_per_trained_ratio_vs_10",
                        "server_checkpoint_bytes", "clients_known_to_server", "server_bytes_per_known_client"])
-    print_table(rows, ["row", "steady_cpu_s_per_round", "cpu_ratio_vs_10", "train_setup_s", "train_work_s",
+    print_table(rows, ["row", "steady_cpu_s_per_round", "cpu_ratio_vs_10", "cpu_server_s", "cpu_clientapps_s",
+                       "cpu_ray_s", "train_setup_s", "train_work_s",
                        "evaluate_setup_s", "evaluate_work_s", "data_cache_files", "data_cache_bytes"])
     by_name = {r["row"]: r for r in rows}
     result = {"overrides": overrides, "repeats": args.repeats, "samples_per_client": SAMPLES_PER_CLIENT,
