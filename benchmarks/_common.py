@@ -54,9 +54,8 @@ def fmt(v) -> str:
     return "-" if v is None else str(v)
 
 
-def rss_tree_bytes(pid: int) -> int:
-    """Resident memory of a process and all its descendants (from /proc)."""
-    total, stack = 0, [pid]
+def process_tree(pid: int) -> list[int]:
+    """A process and all its descendants (from /proc)."""
     children: dict[int, list[int]] = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
@@ -64,20 +63,41 @@ def rss_tree_bytes(pid: int) -> int:
             children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
         except (OSError, IndexError, ValueError):
             continue
-    seen = set()
+    tree, stack = [], [pid]
     while stack:
         p = stack.pop()
-        if p in seen:
-            continue
-        seen.add(p)
+        if p not in tree:
+            tree.append(p)
+            stack.extend(children.get(p, []))
+    return tree
+
+
+def rss_tree_bytes(pid: int) -> int:
+    """Resident memory of a process and all its descendants (from /proc)."""
+    total = 0
+    for p in process_tree(pid):
         try:
             for line in Path(f"/proc/{p}/status").read_text().splitlines():
                 if line.startswith("VmRSS:"):
                     total += int(line.split()[1]) * 1024
         except OSError:
             pass
-        stack.extend(children.get(p, []))
     return total
+
+
+def cpu_seconds_by_process(pid: int) -> dict[tuple[int, int, str], float]:
+    """CPU seconds (user + system) so far of a process and each of its live descendants, keyed by
+    (pid, start time, name) so that a reused pid is another process."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for p in process_tree(pid):
+        try:
+            name, rest = Path(f"/proc/{p}/stat").read_text().split("(", 1)[1].rsplit(")", 1)
+            fields = rest.split()
+            out[(p, int(fields[19]), name)] = (int(fields[11]) + int(fields[12])) / tick
+        except (OSError, IndexError, ValueError):
+            continue
+    return out
 
 
 def read_bench(directory: Path, samples: int | None = None) -> dict[str, dict[int, float]]:

@@ -23,15 +23,17 @@ from flwr.common.logger import log
 CACHE_SIZE = 16  # trainers kept in memory per process; the rest live on disk only
 
 
-def atomic_torch_save(obj: Any, path: Path) -> None:
-    """Write to a temporary file in the same directory, fsync, then rename over `path`."""
+def atomic_torch_save(obj: Any, path: Path, durable: bool = True) -> None:
+    """Write to a temporary file in the same directory, fsync, then rename over `path`. Not
+    `durable`: no fsync, for a cache whose reader rebuilds a file that a crash left damaged."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as handle:
             torch.save(obj, handle)
             handle.flush()
-            os.fsync(handle.fileno())
+            if durable:
+                os.fsync(handle.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

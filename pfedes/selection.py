@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import random
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -47,15 +48,15 @@ class ClientHistory:
     def remember(self, node_id: int, loss: Any, device: Any) -> None:
         if isinstance(loss, (int, float)) and not isinstance(loss, bool) and math.isfinite(loss) and loss >= 0:
             self.loss[node_id] = min(float(loss), MAX_LOSS)
-        if device is not None:
-            self.device[node_id] = str(device)
+        if device is not None:  # one string per profile, not per node: a checkpoint stores it once
+            self.device[node_id] = sys.intern(str(device))
 
     def state_dict(self) -> dict[str, Any]:
         return {"loss": dict(self.loss), "device": dict(self.device)}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.loss = {int(k): float(v) for k, v in (state.get("loss") or {}).items()}
-        self.device = {int(k): str(v) for k, v in (state.get("device") or {}).items()}
+        self.device = {int(k): sys.intern(str(v)) for k, v in (state.get("device") or {}).items()}
 
 
 def power_of_choice(node_ids: list[int], count: int, candidates: int, history: ClientHistory,

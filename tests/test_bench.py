@@ -285,3 +285,28 @@ def test_ablation_reads_only_runs_that_reached_the_reference_rounds_and_pairs_by
     gain = paired({s: v["acc"] for s, v in runs.items()}, {0: 0.6, 1: 0.6, 2: 0.1})
     assert gain["mean"] == pytest.approx(0.07) and gain["by_seed"] == {0: pytest.approx(0.1), 1: pytest.approx(0.04)}
     assert paired({0: 0.5}, {1: 0.5}) is None
+
+
+def test_scale_counts_each_trained_clients_state_and_the_servers_bytes_per_known_node(tmp_path):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import torch
+    from scale import client_state, server_state
+
+    from pfedes.selection import ClientHistory
+
+    state = tmp_path / "client_state"
+    state.mkdir()
+    for name, size in (("pfedes-p0.pt", 100), ("pfedes-p3.pt", 300), ("pfedes-p4.pt", 200),
+                       ("fedavg-p1.pt", 999), ("decoded-ab.pt", 50), ("pfedes-p5.pt.x.tmp", 7)):
+        (state / name).write_bytes(b"x" * size)
+    got = client_state(state, "pfedes", ["phone", "gateway", "gpu-host"])
+    assert got["clients_trained"] == 3 and got["client_state_bytes"] == 600
+    assert got["client_state_bytes_per_trained"] == 200
+    assert got["client_state_bytes_by_device"] == {"gateway": 200.0, "phone": 200.0}  # p0, p3: phone
+    assert got["data_cache_files"] == 1 and got["data_cache_bytes"] == 50
+    history = ClientHistory()
+    for node in (11, 12):
+        history.remember(node, 1.0, "phone")
+    torch.save({"common": {"history": history.state_dict()}}, tmp_path / "server_checkpoint.pt")
+    server = server_state(tmp_path)
+    assert server["clients_known_to_server"] == 2 and 0 < server["server_bytes_per_known_client"] < 32

@@ -71,7 +71,10 @@ def test_a_device_decodes_its_data_once_on_disk_and_a_new_process_reads_it_back(
     import pfedes.data as data_module
 
     args = ("embedded", "pathological", 4, 1, 0, 2, 0.3, 60, 0.2)
+    synced = []
+    monkeypatch.setattr("os.fsync", synced.append)
     first = load_client_data(*args, cache_dir=tmp_path)
+    assert synced == []  # a cache, not state: no fsync (a first-time client of a large fleet waits less)
     files = list(tmp_path.glob("decoded-*.pt"))
     assert len(files) == 1
     monkeypatch.setattr(data_module, "DECODED", data_module.DecodedCache(2**30))  # a new process
@@ -86,3 +89,16 @@ def test_a_device_decodes_its_data_once_on_disk_and_a_new_process_reads_it_back(
     assert torch.equal(load_client_data(*args, cache_dir=tmp_path).x_train, first.x_train)
     load_client_data("embedded", "pathological", 4, 2, 0, 2, 0.3, 60, 0.2, cache_dir=tmp_path)
     assert len(list(tmp_path.glob("decoded-*.pt"))) == 2
+
+
+def test_cells_are_taken_chunk_by_chunk_in_the_order_asked():
+    import pyarrow as pa
+
+    from pfedes.data import take_cells
+
+    cell = pa.struct([("bytes", pa.binary())])
+    column = pa.chunked_array([pa.array([{"bytes": bytes([i])} for i in range(start, stop)], cell)
+                               for start, stop in ((0, 3), (3, 3), (3, 7), (7, 10))])  # one chunk empty
+    rows = np.array([9, 0, 4, 3, 7, 2, 9])
+    assert take_cells(column, rows) == column.take(pa.array(rows)).to_pylist()
+    assert take_cells(column, np.zeros(0, dtype=np.int64)) == []

@@ -71,3 +71,18 @@ def test_classes_in_no_clients_data_are_found_once_on_the_server():
     assert all(isinstance(c, int) and 0 <= c < 10 for c in few)
     assert classes_in_no_partition(path, "pathological", 10, seed=0, classes_per_client=10) == []
     assert classes_in_no_partition(path, "iid", 4, seed=0) == []
+
+
+def test_finding_classes_in_no_client_stops_once_every_class_is_held(monkeypatch):
+    import pfedes.data as data
+
+    read = []
+    real = data.partition_indices
+    monkeypatch.setattr(data, "partition_indices", lambda *a, **k: read.append(a[3]) or real(*a, **k))
+    path = str(embedded_dir())
+    assert classes_in_no_partition(path, "pathological", 200, seed=0, classes_per_client=2) == []
+    # first-deterministic: partitions 0..9 start at classes 0..9, so at most those ten are read
+    assert read == list(range(len(read))) and len(read) <= 10
+    read.clear()
+    assert len(classes_in_no_partition(path, "pathological", 3, seed=0, classes_per_client=2)) >= 4
+    assert read == [0, 1, 2]  # classes are missing: every partition is read

@@ -42,6 +42,21 @@ def test_a_reported_loss_is_untrusted():
     assert h.loss == {4: MAX_LOSS, 5: 2.0}
 
 
+def test_the_server_keeps_a_few_bytes_per_node():
+    import pickle
+
+    def pickled(history):
+        return len(pickle.dumps(history.state_dict(), protocol=2))  # torch.save's protocol
+
+    h, rng = ClientHistory(), random.Random(0)
+    for i in range(1000):  # Flower's node ids are 64-bit; each reply brings its own device string
+        h.remember(rng.getrandbits(64), rng.random(), "".join(["phone", "gateway", "gpu-host"][i % 3]))
+    assert (pickled(h) - pickled(ClientHistory())) / 1000 <= 32  # id twice (10 + 10), loss (9), device
+    restored = ClientHistory()  # (one string per profile); as small after a resume
+    restored.load_state_dict(pickle.loads(pickle.dumps(h.state_dict())))
+    assert pickled(restored) == pickled(h)
+
+
 class Grid:
     def get_node_ids(self):
         return list(range(1, 11))
