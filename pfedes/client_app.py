@@ -1,9 +1,10 @@
 """The ClientApp: one device. It builds its own architecture from its device profile, loads its
 local data, restores its private state, runs the method's trainer, and replies with only the
 entries that the method's parameter filter shares. With compression.downlink, the arrays a
-message carries are decoded first (`decode_downlink`), before anything reads them. With privacy.mode=local, the train reply's
-update is clipped and noised on the device by Flower's LocalDpMod (pfedes/privacy.py `local_dp_mod`,
-chosen per message from the run's settings), before it leaves the ClientApp.
+message carries are decoded first (`decode_downlink`), before anything reads them. With
+privacy.mode=local, the train reply's update is clipped and noised on the device by Flower's
+LocalDpMod (pfedes/privacy.py `local_dp_mod`, chosen per message from the run's settings), before
+it leaves the ClientApp.
 
 Node config (deployment: `flower-supernode --node-config "..."`; simulation sets the last two):
   device         phone | gateway | gpu-host, or an architecture name (default: clients.devices
