@@ -198,17 +198,55 @@ def test_a_malformed_downlink_is_a_clear_error_on_the_client():
         client_receives(bad)
 
 
+def test_the_client_app_trains_from_the_decoded_arrays_and_local_dp_clips_against_them(tmp_path, monkeypatch):
+    """The real ClientApp (without Ray), its training replaced by an update of 10 per entry: it
+    trains from what it decoded, and LocalDpMod, after the downlink mod, clips the update to C
+    against those same arrays."""
+    from flwr.app import Context
+
+    from pfedes import client_app
+    from pfedes.methods import method_of
+    from pfedes.models import resolve_architecture
+    from pfedes.server_app import prepare
+
+    loaded = {}
+
+    def trained(trainer, arrays, *args):
+        loaded.update({k: v.numpy().copy() for k, v in arrays.items()})
+        return {k: v + 10.0 if v.is_floating_point() else v for k, v in arrays.items()}, {"num-examples": 5}
+
+    monkeypatch.setattr(client_app, "train_round", trained)
+    cfg = prepare(make_cfg("strategy=fedavg", "num_clients=3", "compression.downlink=int8", "privacy.mode=local",
+                           "privacy.noise_multiplier=1e-9", "privacy.clipping_norm=2.0", f"out_dir={tmp_path}"))
+    cfg["run_token"] = "downlink"
+    arch = resolve_architecture("phone", cfg["model"]["profiles"])
+    initial = {k: v.numpy() for k, v in method_of(cfg).trainer.initial_shared(cfg, arch, 10).items()}
+    s = FedAvg(cfg)
+    msg = train_messages(s, initial)[0]
+    context = Context(run_id=1, node_id=1, node_config={"partition-id": 0, "num-partitions": 3},
+                      state=RecordDict(), run_config={})
+    reply = client_app.app(msg, context)
+    assert not reply.has_error()
+    received = s.received_by(msg.metadata.dst_node_id)
+    assert loaded.keys() == received.keys() == initial.keys()
+    for key, value in received.items():
+        np.testing.assert_array_equal(loaded[key], value)
+    arrays = {k: a.numpy() for k, a in reply.content["arrays"].items()}
+    norm = float(np.sqrt(sum(((arrays[k] - v) ** 2).sum() for k, v in received.items() if v.dtype.kind == "f")))
+    assert norm == pytest.approx(2.0, rel=1e-4)
+
+
 @pytest.mark.slow
-def test_an_int8_downlink_simulation_sends_fewer_bytes_and_drops_no_client(tmp_path):
+@pytest.mark.parametrize("method, extra", [("pfedes", ["strategy.warmup_steps=0"]), ("fedavg", ["clients.devices=[phone]"])])
+def test_an_int8_downlink_simulation_sends_fewer_bytes_and_drops_no_client(tmp_path, method, extra):
     from pfedes.sim import simulate
 
-    common = ["num_clients=3", "num_rounds=2", "data.samples_per_client=150", "strategy.warmup_steps=0"]
-    for strategy_name in ("pfedes", "fedavg"):
-        down = {}
-        for mode in ("none", "int8"):
-            out = tmp_path / f"{strategy_name}-{mode}"
-            simulate(make_cfg(*common, f"strategy={strategy_name}", f"compression.downlink={mode}", f"out_dir={out}"))
-            rounds = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-            assert all(r["clients_trained"] == 3 and r["clients_dropped"] == 0 for r in rounds)
-            down[mode] = rounds[-1]["bytes_down_per_client"]
-        assert down["int8"] < 0.3 * down["none"], (strategy_name, down)
+    common = ["num_clients=3", "num_rounds=2", "data.samples_per_client=150", f"strategy={method}", *extra]
+    down = {}
+    for mode in ("none", "int8"):
+        out = tmp_path / mode
+        simulate(make_cfg(*common, f"compression.downlink={mode}", f"out_dir={out}"))
+        rounds = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+        assert all(r["clients_trained"] == 3 and r["clients_dropped"] == 0 for r in rounds)
+        down[mode] = rounds[-1]["bytes_down_per_client"]
+    assert down["int8"] < 0.3 * down["none"], down
