@@ -213,9 +213,10 @@ def onto_server_arrays(reply: Mapping[str, np.ndarray], received: Mapping[str, n
     for key, value in reply.items():
         value = np.asarray(value)
         ref, own = received.get(key), server.get(key)
-        if _floating(value) and ref is not None and own is not None and value.shape == np.shape(ref) == np.shape(own):
-            out[key] = (value.astype(np.float64) + (np.asarray(own, np.float64) - np.asarray(ref, np.float64))
-                        ).astype(value.dtype)
+        if _floating(value) and ref is not None and own is not None \
+                and value.shape == np.shape(ref) == np.shape(own):
+            shift = np.asarray(own, np.float64) - np.asarray(ref, np.float64)
+            out[key] = (value.astype(np.float64) + shift).astype(value.dtype)
     return out
 
 

@@ -6,7 +6,6 @@ import json
 
 import numpy as np
 import pytest
-import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
 
 from conftest import make_cfg, train_reply
@@ -237,7 +236,8 @@ def test_the_client_app_trains_from_the_decoded_arrays_and_local_dp_clips_agains
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method, extra", [("pfedes", ["strategy.warmup_steps=0"]), ("fedavg", ["clients.devices=[phone]"])])
+@pytest.mark.parametrize("method, extra", [("pfedes", ["strategy.warmup_steps=0"]),
+                                           ("fedavg", ["clients.devices=[phone]"])])  # one architecture
 def test_an_int8_downlink_simulation_sends_fewer_bytes_and_drops_no_client(tmp_path, method, extra):
     from pfedes.sim import simulate
 
