@@ -23,6 +23,7 @@ from flwr.app import Array, ArrayRecord, Context, Message
 from flwr.clientapp import ClientApp
 
 from _common import RESULTS, default_data_path, experiment
+from pfedes.client_app import decode_downlink
 
 ATTACKS = {"scale": 100.0, "flip": -1.0}  # u -> factor * u
 DEFENCES = {
@@ -48,7 +49,7 @@ def poisoned(reply: Message, received: ArrayRecord, factor: float) -> Message:
     return reply
 
 
-@attacker_app.train()
+@attacker_app.train(mods=[decode_downlink])  # as pfedes's: the arrays decoded first
 def train(msg: Message, context: Context) -> Message:
     from pfedes import client_app
 
@@ -62,7 +63,7 @@ def train(msg: Message, context: Context) -> Message:
     return reply
 
 
-@attacker_app.evaluate()
+@attacker_app.evaluate(mods=[decode_downlink])
 def evaluate(msg: Message, context: Context) -> Message:
     from pfedes import client_app
 

@@ -1,8 +1,10 @@
 """The ClientApp: one device. It builds its own architecture from its device profile, loads its
 local data, restores its private state, runs the method's trainer, and replies with only the
-entries that the method's parameter filter shares. With privacy.mode=local, the train reply's
-update is clipped and noised on the device by Flower's LocalDpMod (pfedes/privacy.py `local_dp_mod`,
-chosen per message from the run's settings), before it leaves the ClientApp.
+entries that the method's parameter filter shares. With compression.downlink, the arrays a
+message carries are decoded first (`decode_downlink`), before anything reads them. With
+privacy.mode=local, the train reply's update is clipped and noised on the device by Flower's
+LocalDpMod (pfedes/privacy.py `local_dp_mod`, chosen per message from the run's settings), before
+it leaves the ClientApp.
 
 Node config (deployment: `flower-supernode --node-config "..."`; simulation sets the last two):
   device         phone | gateway | gpu-host, or an architecture name (default: clients.devices
@@ -38,7 +40,7 @@ from flwr.common.logger import log
 from . import tracing
 from .client_round import build_trainer, evaluate_round, load_node_data, train_round
 from .client_state import StateStore
-from .compression import Codec
+from .compression import Codec, EncodingError
 from .config import for_device
 from .data import DataError, align_classes
 from .devices import DeviceError, placement_for
@@ -182,7 +184,28 @@ def encode_upload(codec: Codec, trainer, shared: dict[str, torch.Tensor], receiv
     return ArrayRecord({k: Array(v) for k, v in encoded.items()})
 
 
-@app.train(mods=[local_dp_mod])  # Flower's LocalDpMod on the reply when the run's privacy.mode is local
+def decode_downlink(msg: Message, context: Context, call_next) -> Message:
+    """The first mod of every handler: the message's arrays decoded from compression.downlink's
+    quantization, so that the model loads, a compressed upload measures its change from, and
+    LocalDpMod clips against what the server meant to send. A malformed encoding raises
+    EncodingError naming the entry and what is wrong."""
+    config = msg.content.config_records.get("config")
+    if config is None or "experiment" not in config:
+        return call_next(msg, context)
+    downlink = Codec.downlink_from_cfg(parse_experiment(str(config["experiment"])))
+    if not downlink.active:
+        return call_next(msg, context)
+    for name, record in list(msg.content.array_records.items()):
+        try:
+            decoded = downlink.decode({k: a.numpy() for k, a in record.items()}, {})
+        except EncodingError as exc:
+            raise EncodingError(f"the server's '{name}' does not follow compression.downlink="
+                                f"{downlink.quantize}: {exc}") from None
+        msg.content[name] = ArrayRecord({k: Array(v) for k, v in decoded.items()})
+    return call_next(msg, context)
+
+
+@app.train(mods=[decode_downlink, local_dp_mod])  # then Flower's LocalDpMod when privacy.mode is local
 @_setup_errors_as_replies
 def train(msg: Message, context: Context) -> Message:
     entered = tracing.clock()
@@ -204,7 +227,7 @@ def train(msg: Message, context: Context) -> Message:
     return Message(content=content, reply_to=msg)
 
 
-@app.evaluate()
+@app.evaluate(mods=[decode_downlink])
 @_setup_errors_as_replies
 def evaluate(msg: Message, context: Context) -> Message:
     entered = tracing.clock()

@@ -1,8 +1,9 @@
-"""Compressed uploads: what a client's train reply carries, for every strategy (`compression.*`).
+"""Compressed payloads, for every strategy (`compression.*`): what a client's train reply carries
+(the upload) and what the server's train and evaluate messages carry (the downlink).
 
-A client encodes the entries it sends; the server decodes each reply before validating it like
-any other (a malformed encoding drops the reply with a warning naming the node and the reason).
-The bytes in the run log are those of the encoded arrays in the message. Options, combinable:
+Upload. A client encodes the entries it sends; the server decodes each reply before validating it
+like any other (a malformed encoding drops the reply with a warning naming the node and the
+reason). The bytes in the run log are those of the encoded arrays in the message. Options, combinable:
 
 - `quantize`: `fp16`; `int8`, per-tensor affine (value = code * scale + zero, codes 0..255);
   `int8_channel`, the same per slice along the first axis of a dense array of 2+ dimensions;
@@ -15,6 +16,14 @@ The bytes in the run log are those of the encoded arrays in the message. Options
 
 Entries that are not floating point (counters, class counts) travel as they are. An entry without
 a reference (not among what the server sent this round) is sent densely, never as a change.
+
+Downlink (`downlink`: `fp16`, `int8`, `int8_channel`): the server quantizes the arrays it sends,
+once per round, with the same `Codec` (a dense encoding, no reference); the client decodes them
+before anything reads them. Only the message copy is quantized: the server's arrays (and its
+momentum) stay as they are, the change a compressed upload sends is measured from what the client
+decoded, and a reply that trains the sent arrays further is moved onto the server's own arrays by
+`onto_server_arrays`. Delta and top-k do not apply to the downlink: the server would need each
+client's last received copy. Decoded floating entries are float32.
 
 Encoded names, for an entry `k`: `k|v` the values (float32, float16 or uint8 codes), `k|q` the
 int8 parameters (float32, shape (2, c): scale and zero per slice), `k|mask` the top-k positions
@@ -39,7 +48,8 @@ LEVELS = 255.0
 
 
 class EncodingError(ValueError):
-    """A reply whose encoding does not follow the run's compression settings."""
+    """A payload (a reply, or a message of the server) whose encoding does not follow the run's
+    compression settings."""
 
 
 def _floating(value: np.ndarray) -> bool:
@@ -59,6 +69,11 @@ class Codec:
         c = Section(cfg, "compression")
         return cls(c.choice("quantize", "none", QUANTIZE), c.number("topk", 1.0, "in (0, 1]", lambda v: 0 < v <= 1),
                    c.flag("delta", False), c.flag("error_feedback", True))
+
+    @classmethod
+    def downlink_from_cfg(cls, cfg: Mapping[str, Any]) -> Codec:
+        """The codec of the server's messages: `compression.downlink`'s quantization, dense."""
+        return cls(Section(cfg, "compression").choice("downlink", "none", QUANTIZE))
 
     @property
     def active(self) -> bool:
@@ -186,6 +201,23 @@ class Codec:
         if change:
             return (np.asarray(ref, np.float64) + dense).astype(np.asarray(ref).dtype)
         return dense
+
+
+def onto_server_arrays(reply: Mapping[str, np.ndarray], received: Mapping[str, np.ndarray],
+                       server: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """A reply that trained the quantized arrays a client `received`, moved onto the `server`'s
+    own: reply + (server - received) for each floating entry the three share, in the reply's dtype.
+    The client's change is kept, and the quantization error of the downlink stays out of the
+    server's arrays."""
+    out = dict(reply)
+    for key, value in reply.items():
+        value = np.asarray(value)
+        ref, own = received.get(key), server.get(key)
+        if _floating(value) and ref is not None and own is not None \
+                and value.shape == np.shape(ref) == np.shape(own):
+            shift = np.asarray(own, np.float64) - np.asarray(ref, np.float64)
+            out[key] = (value.astype(np.float64) + shift).astype(value.dtype)
+    return out
 
 
 def top_count(size: int, fraction: float) -> int:

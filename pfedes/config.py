@@ -231,6 +231,7 @@ def validate(cfg: dict[str, Any]) -> None:
 
     try:
         Codec.from_cfg(cfg)
+        Codec.downlink_from_cfg(cfg)
         Robustness.from_cfg(cfg)
         Privacy.from_cfg(cfg)
         Selection.from_cfg(cfg)

@@ -164,6 +164,7 @@ def test_the_server_decodes_good_replies_and_drops_a_malformed_one(caplog):
     ("compression.quantize=int4", "compression.quantize 'int4' is unknown"),
     ("compression.topk=0", "compression.topk must be in (0, 1], got 0"),
     ("compression.topk=1.5", "compression.topk must be in (0, 1], got 1.5"),
+    ("compression.downlink=topk", "compression.downlink 'topk' is unknown: expected one of"),
 ])
 def test_a_bad_compression_setting_is_one_line(override, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):

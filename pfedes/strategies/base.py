@@ -1,6 +1,9 @@
 """What every pfedes server strategy shares with FedAvg, plus what FedAvg lacks:
 
-- compressed replies are decoded (pfedes/compression.py), then every reply is validated one by
+- with `compression.downlink`, the arrays a message carries are quantized, once per round for every
+  message carrying them (the server's own arrays stay as they are); compressed replies are
+  decoded against what the client decoded, and a reply that trained the sent arrays is moved
+  onto the server's own (pfedes/compression.py); then every reply is validated one by
   one (missing or extra keys, shape, dtype, NaN/Inf, weight); a bad reply is dropped with a
   warning naming the node and the reason, and the round goes on;
 - a reply whose update norm is an outlier of the round is dropped, and the rest are combined by
@@ -24,7 +27,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 from flwr.serverapp.strategy.strategy_utils import sample_nodes
 
-from ..compression import Codec, EncodingError
+from ..compression import Codec, EncodingError, onto_server_arrays
 from ..config import ConfigError
 from ..contribution import report_problem as quality_report_problem
 from ..privacy import Privacy, epsilon_after
@@ -87,6 +90,7 @@ class PersonalizedStrategy(FedAvg):
     """
 
     send_arrays_to_evaluate = False
+    replies_start_from_sent = True  # a reply's arrays are the sent ones trained further (not, e.g., class means)
     averages_arrays = True  # the shared arrays go through `combine` (weighting, robust rules, privacy)
     num_classes: int | None = None  # the data's classes, set by the ServerApp (checks quality reports)
 
@@ -116,6 +120,8 @@ class PersonalizedStrategy(FedAvg):
                 "training and sends the figures with its train reply; there is no evaluate round")
         self.cfg = cfg
         self.codec = Codec.from_cfg(cfg)
+        self.downlink = Codec.downlink_from_cfg(cfg)
+        self.downlink_copies: dict[int, tuple[dict[str, np.ndarray], ArrayRecord, dict[str, np.ndarray]]] = {}
         self.robust = Robustness.from_cfg(cfg)
         self.privacy = Privacy.from_cfg(cfg)
         self.dp_releases: list[int] = []  # replies averaged in each private round (the accountant's input)
@@ -165,15 +171,17 @@ class PersonalizedStrategy(FedAvg):
                         grid: Grid) -> Iterable[Message]:
         server_round = self.absolute_round(server_round)
         self.current = {k: v.numpy() for k, v in arrays.items()}
+        self.downlink_copies.clear()  # last round's
+        sent = self.downlink_copy(self.current)[0] if self.downlink.active else arrays
         if self.selection.mode == "uniform" or self.fraction_train >= 1.0:
-            messages = list(super().configure_train(server_round, arrays, config, grid))
+            messages = list(super().configure_train(server_round, sent, config, grid))
         else:  # FedAvg's messages, to the nodes our selection picks
             nodes = self.select_nodes(grid)
             config["server-round"] = server_round
-            record = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: config})
+            record = RecordDict({self.arrayrecord_key: sent, self.configrecord_key: config})
             messages = list(self._construct_messages(record, nodes, MessageType.TRAIN))
             log(INFO, "configure_train: selected %d nodes by %s", len(nodes), self.selection.mode)
-        self.round_stats["bytes_down"] += arrays_nbytes(arrays) * len(messages)
+        self.round_stats["bytes_down"] += arrays_nbytes(sent) * len(messages)
         return messages
 
     def select_nodes(self, grid: Grid) -> list[int]:
@@ -184,21 +192,46 @@ class PersonalizedStrategy(FedAvg):
         return power_of_choice(list(connected), count, self.selection.candidates, self.history, self.selection_rng)
 
     def sent_to(self, node_id: int) -> dict[str, np.ndarray]:
-        """The arrays this round's train message carried to `node_id` (one model for all here)."""
+        """The server's arrays that this round's train message carried to `node_id` (one model for
+        all here), before any downlink quantization."""
         return self.current
 
+    def downlink_copy(self, arrays: dict[str, np.ndarray]) -> tuple[ArrayRecord, dict[str, np.ndarray]]:
+        """(what a message carrying `arrays` holds under compression.downlink, what its client has
+        after decoding it), encoded once per round for every message carrying the same arrays."""
+        key = id(arrays)  # the copy holds `arrays`, so the id stays theirs until the next round
+        if key not in self.downlink_copies:
+            encoded, _ = self.downlink.encode(arrays, {}, {})
+            self.downlink_copies[key] = (arrays, ArrayRecord({k: Array(v) for k, v in encoded.items()}),
+                                         self.downlink.decode(encoded, {}))
+        _, record, received = self.downlink_copies[key]
+        return record, received
+
+    def received_by(self, node_id: int) -> dict[str, np.ndarray]:
+        """The arrays `node_id` trained from this round: what its client decoded of the message."""
+        sent = self.sent_to(node_id)
+        return self.downlink_copy(sent)[1] if self.downlink.active else sent
+
     def decode_reply(self, msg: Message) -> str | None:
-        """Replace a compressed reply's arrays by what the client meant to send (the reference of a
-        change is what this round sent); why it cannot be decoded, or None."""
-        if not self.codec.active:
+        """Replace a reply's arrays by what the client meant to send, on the server's own arrays:
+        a compressed upload is decoded against what the client received (a change is measured from
+        that); with a quantized downlink, a reply that trained the sent arrays is moved onto the
+        server's unquantized ones (`onto_server_arrays`). Why it cannot be decoded, or None."""
+        rebase = self.downlink.active and self.replies_start_from_sent
+        if not self.codec.active and not rebase:
             return None
-        reference = self.sent_to(msg.metadata.src_node_id)
+        node = msg.metadata.src_node_id
+        received = self.received_by(node)
         for name, record in list(msg.content.array_records.items()):
-            try:
-                decoded = self.codec.decode({k: a.numpy() for k, a in record.items()}, reference)
-            except EncodingError as exc:
-                return f"bad encoding: {exc}"
-            msg.content[name] = ArrayRecord({k: Array(v) for k, v in decoded.items()})
+            arrays = {k: a.numpy() for k, a in record.items()}
+            if self.codec.active:
+                try:
+                    arrays = self.codec.decode(arrays, received)
+                except EncodingError as exc:
+                    return f"bad encoding: {exc}"
+            if rebase:
+                arrays = onto_server_arrays(arrays, received, self.sent_to(node))
+            msg.content[name] = ArrayRecord({k: Array(v) for k, v in arrays.items()})
         return None
 
     def reply_problem(self, msg: Message) -> str | None:
@@ -316,6 +349,8 @@ class PersonalizedStrategy(FedAvg):
                            grid: Grid) -> Iterable[Message]:
         server_round = self.absolute_round(server_round)
         sent = arrays if self.send_arrays_to_evaluate else ArrayRecord()
+        if self.downlink.active and self.send_arrays_to_evaluate:
+            sent = self.downlink_copy({k: v.numpy() for k, v in arrays.items()})[0]
         messages = list(super().configure_evaluate(server_round, sent, config, grid))
         self.round_stats["bytes_down"] += arrays_nbytes(sent) * len(messages)
         return messages

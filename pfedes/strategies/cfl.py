@@ -98,11 +98,14 @@ class ClusteredFL(PersonalizedStrategy):
         return 0
 
     def _per_node(self, messages: list[Message]) -> list[Message]:
-        """The same messages, each carrying its destination's cluster model."""
+        """The same messages, each carrying its destination's cluster model (its downlink copy:
+        encoded once per cluster and round)."""
         out = []
         for msg in messages:
             arrays = self.clusters[self.cluster_index(msg.metadata.dst_node_id)]["arrays"]
-            content = RecordDict({self.arrayrecord_key: ArrayRecord({k: Array(v) for k, v in arrays.items()}),
+            record = self.downlink_copy(arrays)[0] if self.downlink.active \
+                else ArrayRecord({k: Array(v) for k, v in arrays.items()})
+            content = RecordDict({self.arrayrecord_key: record,
                                   self.configrecord_key: msg.content[self.configrecord_key]})
             out.append(Message(content=content, dst_node_id=msg.metadata.dst_node_id,
                                message_type=msg.metadata.message_type))

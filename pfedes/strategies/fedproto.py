@@ -35,6 +35,7 @@ class ClassPayloadStrategy(PersonalizedStrategy):
     """Aggregates per-class payloads of dimension `payload_dim` (subclasses say which)."""
 
     averages_arrays = False  # per-class means weighted by counts: no rule, weighting or DP of combine
+    replies_start_from_sent = False  # a client's means are its own, not the sent means trained further
 
     def __init__(self, cfg: dict[str, Any]) -> None:
         super().__init__(cfg)
