@@ -4,7 +4,7 @@ Reads finished `pfedes-bench` directories, one per data size (the same strategie
 setting otherwise), and writes `benchmarks/results/sample_sweep.json` (per size and strategy: the
 accuracy and the gain over Local-only paired by seed, mean ± std) and `sample_sweep.png`.
 
-    for n in 100 250; do pfedes-bench strategies=[local,pfedes,pfedes_unshared] seeds=[0,1,2] \\
+    for n in 100 250; do pfedes-bench strategies=[local,pfedes,pfedes_unshared,lgfedavg,fd] seeds=[0,1,2] \\
         data.partition=dirichlet data.alpha=0.3 num_clients=10 num_rounds=40 data.val_fraction=0.15 \\
         data.path=../shared/data/cifar10 data.samples_per_client=$n out_dir=benchmarks/results/sweep_n$n; done
     python benchmarks/sample_sweep.py 100=benchmarks/results/sweep_n100 250=benchmarks/results/sweep_n250 \\
