@@ -82,7 +82,7 @@ class Settings:
     declare typed fields (a default where the preset may leave the key out) and check their
     ranges in `__post_init__` after calling this one, which converts each value to its type.
     Every method has `lr`: its own SGD learning rate, where its preset sets one (chosen on
-    validation, benchmarks/lr_grid.py); null trains at train.lr (config.for_device)."""
+    validation, benchmarks/tuning_grid.py); null trains at train.lr (config.for_device)."""
 
     lr: float | None = None
 

@@ -1,0 +1,137 @@
+"""The tuning grids: each baseline's main hyperparameters chosen on validation accuracy of tuning seed 100.
+
+Every grid is a set of `pfedes-bench` runs on the tuning setting (10 clients, Dirichlet alpha 0.3,
+500 samples per client, 15 % validation split, seed 100, never a reported seed), one directory per
+value, <grid>/<prefix><value>/<strategy>/seed100. The learning-rate grid on the zoo:
+
+    for lr in 0.01 0.005 0.02; do
+      pfedes-bench strategies=[local,lgfedavg,fd,fedgh,fedproto,fml,pfedes_paper] seeds=[100] num_rounds=20 \
+        data.partition=dirichlet data.alpha=0.3 data.path=../shared/data/cifar10 data.samples_per_client=500 \
+        data.val_fraction=0.15 num_clients=10 train.lr=$lr strategy.lr=null \
+        out_dir=benchmarks/results/tuning/lr_grid/lr$lr
+    done
+
+The one-architecture learning-rate grid (the one-architecture table's baselines beside Local-only on
+the same clients) is the same with `strategies=[local,fedrep,pfedme,cfl] clients.devices=[phone]` and
+`out_dir=benchmarks/results/tuning/lr_grid_one_arch/lr$lr` (pFedMe and CFL at the lambda and eps2
+their grids chose). pFedMe's lambda (20 rounds) and CFL's split threshold eps2 (40 rounds: no split
+comes before its 20-round gate; eps1 0.4, above every round's mean update norm at lr 0.01, so eps2
+decides), one architecture:
+
+    for lam in 0.1 1 15; do pfedes-bench strategies=[pfedme] seeds=[100] clients.devices=[phone] \
+        data.partition=dirichlet data.alpha=0.3 data.path=../shared/data/cifar10 data.samples_per_client=500 \
+        data.val_fraction=0.15 num_clients=10 num_rounds=20 ++strategy.lam=$lam \
+        out_dir=benchmarks/results/tuning/pfedme_lam/lam$lam; done
+    for e2 in 1.6 0.8 0.5; do pfedes-bench strategies=[cfl] (the same setting) num_rounds=40 \
+        ++strategy.eps1=0.4 ++strategy.eps2=$e2 out_dir=benchmarks/results/tuning/cfl_eps/eps2_$e2; done
+
+    python benchmarks/tuning_grid.py
+
+This reads each run's validation accuracy (the mean of its last 5 rounds; the test split is not
+read) and writes benchmarks/results/tuning/<grid>.{json,md} for every grid that has runs.
+`strategy.lr=null`: a method whose preset has its own learning rate trains at the grid's train.lr.
+The rule, fixed before the runs: a setting's default (the shared lr 0.01; the preset's value before
+its grid) stays unless another value of the grid beats it by more than 1 point on validation, the
+noise of one seed's last-5-round mean.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import RESULTS  # noqa: E402
+
+MARGIN = 0.01  # one seed's noise on the last-5-round mean (accuracy as a fraction)
+SEED = 100
+LAST = 5
+ONE_ARCH = "one architecture (phone, CNN3)"
+
+
+@dataclass(frozen=True)
+class Grid:
+    directory: Path  # <directory>/<prefix><value>/<strategy>/seed<SEED>
+    clients: str
+    setting: str  # the key the grid varies
+    prefix: str
+    default: float  # the value that stays unless beaten by more than MARGIN
+    rounds: int
+
+
+GRIDS = [
+    Grid(RESULTS / "tuning" / "lr_grid", "the zoo", "train.lr", "lr", 0.01, 20),
+    Grid(RESULTS / "tuning" / "lr_grid_one_arch", ONE_ARCH, "train.lr", "lr", 0.01, 20),
+    Grid(RESULTS / "tuning" / "pfedme_lam", ONE_ARCH, "strategy.lam", "lam", 0.1, 20),
+    Grid(RESULTS / "tuning" / "cfl_eps", ONE_ARCH + ", eps1 0.4", "strategy.eps2", "eps2_", 1.6, 40),
+]
+
+
+def validation_accuracy(run_dir: Path) -> float | None:
+    """The mean validation accuracy of a finished run's last LAST rounds, else None."""
+    if not (run_dir / "summary.json").is_file():
+        return None
+    rounds = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    vals = [r["val_acc_mean"] for r in rounds[-LAST:] if r.get("val_acc_mean") is not None]
+    return sum(vals) / len(vals) if len(vals) == LAST else None
+
+
+def read_grid(grid: Grid) -> dict[str, dict[float, float]]:
+    """{strategy: {value: validation accuracy}} for every finished run of the grid."""
+    scores: dict[str, dict[float, float]] = {}
+    for value_dir in sorted(grid.directory.glob(f"{grid.prefix}*")):
+        value = float(value_dir.name[len(grid.prefix):])
+        for run_dir in sorted(value_dir.glob(f"*/seed{SEED}")):
+            acc = validation_accuracy(run_dir)
+            if acc is not None:
+                scores.setdefault(run_dir.parent.name, {})[value] = acc
+    return scores
+
+
+def choose(scores: dict[float, float], default: float) -> float | None:
+    """The rule above; None when the default was not run."""
+    if default not in scores:
+        return None
+    best = max(scores, key=scores.get)
+    return best if scores[best] - scores[default] > MARGIN else default
+
+
+def write_record(grid: Grid) -> list[str]:
+    """The grid's record next to it, <name>.json and <name>.md; returns the markdown lines (none, and
+    nothing written, while no run of the grid has finished)."""
+    scores = read_grid(grid)
+    if not scores:
+        return []
+    values = sorted({v for by_value in scores.values() for v in by_value})
+    name = grid.setting.split(".")[-1]
+    rows = {method: {"validation_accuracy": {str(v): acc for v, acc in sorted(by_value.items())},
+                     "chosen": choose(by_value, grid.default)} for method, by_value in sorted(scores.items())}
+    out = {"setting": f"{grid.clients}, 10 clients, Dirichlet alpha 0.3, 500 samples per client, 15 % validation, "
+                      f"{grid.rounds} rounds, seed {SEED}; validation accuracy, mean of the last {LAST} rounds",
+           "varied": grid.setting,
+           "rule": f"{grid.setting} {grid.default:g} stays unless another value beats it by more than "
+                   f"{100 * MARGIN:.0f} point on validation", "methods": rows}
+    (grid.directory.parent / f"{grid.directory.name}.json").write_text(json.dumps(out, indent=2) + "\n")
+    lines = [f"Validation accuracy % ({grid.clients}; tuning seed {SEED}, mean of the last {LAST} of {grid.rounds} "
+             f"rounds) by {grid.setting}; `python benchmarks/tuning_grid.py`. Rule: {out['rule']}.", "",
+             "| method | " + " | ".join(f"{name} {v:g}" for v in values) + f" | chosen {name} |",
+             "|---|" + "---|" * (len(values) + 1)]
+    for method, by_value in sorted(scores.items()):
+        cells = [f"{100 * by_value[v]:.1f}" if v in by_value else "not run" for v in values]
+        chosen = choose(by_value, grid.default)
+        lines.append(f"| {method} | " + " | ".join(cells) + f" | {'—' if chosen is None else f'{chosen:g}'} |")
+    (grid.directory.parent / f"{grid.directory.name}.md").write_text("\n".join(lines) + "\n")
+    return lines
+
+
+def main() -> None:
+    for grid in GRIDS:
+        lines = write_record(grid)
+        if lines:
+            print("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
