@@ -31,17 +31,29 @@ OPTIONS = {
 }
 
 
-def main(overrides: list[str]) -> None:
-    from pfedes.compression import Codec
+def client_trainers(cfg: dict) -> list:
+    """One freshly built client trainer of cfg's method per device profile in cfg's device list."""
     from pfedes.methods import method_of
     from pfedes.models import resolve_architecture
+
+    trainer_cls = method_of(cfg).trainer
+    return [trainer_cls(cfg, resolve_architecture(d, cfg["model"]["profiles"]), 10, seed=0)
+            for d in sorted(set(cfg["clients"]["devices"]))]
+
+
+def mean_full_model_bytes(trainers: list) -> float:
+    """The mean over the trainers of their whole model as fp32 bytes: what "% of a full model" is of."""
+    return float(np.mean([sum(p.numel() * 4 for p in t.model.parameters()) for t in trainers]))
+
+
+def main(overrides: list[str]) -> None:
+    from pfedes.compression import Codec
     from pfedes.strategies.base import arrays_nbytes
 
     cfg = experiment(overrides)
-    trainer_cls = method_of(cfg).trainer
     devices = sorted(set(cfg["clients"]["devices"]))
-    models = [trainer_cls(cfg, resolve_architecture(d, cfg["model"]["profiles"]), 10, seed=0) for d in devices]
-    full = float(np.mean([sum(p.numel() * 4 for p in m.model.parameters()) for m in models]))
+    models = client_trainers(cfg)
+    full = mean_full_model_bytes(models)
     sent = {k: v.numpy().copy() for k, v in models[0].shared_state().items()}
     rng = np.random.default_rng(0)
     new = {k: (v + 0.01 * (np.abs(v).mean() + 1e-8) * rng.standard_normal(v.shape)).astype(v.dtype)

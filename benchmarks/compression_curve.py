@@ -1,0 +1,149 @@
+"""Bytes against accuracy for compressed uploads (issue 15, target P3): pFedES on the reference
+heterogeneous setting (the zoo, 10 clients, Dirichlet alpha 0.3, 500 samples per client, 15 %
+validation, 60 rounds), each compression option against the uncompressed runs, paired by seed.
+
+    python benchmarks/compression_curve.py [--options fp16 int8 ...] [--seeds 0 1 2] [--no-run]
+
+Each option is one `pfedes-bench` run of pfedes into benchmarks/results/compression/<option>/
+(finished runs are reused, so the command resumes); the uncompressed (fp32) runs and Local-only
+are those of the heterogeneous Dirichlet table, benchmarks/results/hetero_dirichlet_val, made with
+the same setting. --no-run only reads what has finished (a missing option shows as not run).
+The bytes are those measured in the runs (bytes_up_per_client in metrics.jsonl: the encoded
+arrays in the messages), as a share of the mean full fp32 model of the zoo. Writes
+benchmarks/results/compression_curve.{csv,json,png}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import RESULTS, experiment, paired, pct, read_bench, stat, write_result  # noqa: E402
+from compression_bytes import client_trainers, mean_full_model_bytes  # noqa: E402
+
+SETTING = ["num_rounds=60", "data.samples_per_client=500", "data.partition=dirichlet", "data.alpha=0.3",
+           "num_clients=10", "data.path=../shared/data/cifar10", "data.val_fraction=0.15"]
+FP32_BENCH = RESULTS / "hetero_dirichlet_val"  # made with SETTING, uncompressed
+OUT = RESULTS / "compression"
+METHOD = "pfedes"
+OPTIONS = {  # name -> compression overrides (top-k sends the change, with error feedback: conf/'s default)
+    "fp16": ["compression.quantize=fp16"],
+    "int8": ["compression.quantize=int8"],
+    "top25": ["compression.topk=0.25"],
+    "top10": ["compression.topk=0.1"],
+    "int8+top10": ["compression.quantize=int8", "compression.topk=0.1"],
+}
+
+
+def bench_command(option: str, seeds: list[int]) -> list[str]:
+    return ["pfedes-bench", f"strategies=[{METHOD}]", f"seeds=[{','.join(map(str, seeds))}]", *SETTING,
+            *OPTIONS[option], f"out_dir={OUT.relative_to(RESULTS.parents[1]) / option}"]
+
+
+def upload_bytes(directory: Path) -> dict[int, float]:
+    """{seed: mean upload bytes per trained client and round} of the method's finished runs."""
+    rows = [r for r in csv.DictReader((directory / "results.csv").open())
+            if r["status"] == "ok" and r["strategy"] == METHOD]
+    return {int(r["seed"]): float(r["bytes_up_per_client_round"]) for r in rows}
+
+
+def curve(options: list[str], full_bytes: float) -> list[dict]:
+    """One row per option (fp32 first): bytes, accuracy, and the paired changes against fp32 and Local-only."""
+    reference = read_bench(FP32_BENCH, samples=500)
+    fp32, local = reference[METHOD], reference["local"]
+    rows = []
+    for option in ["fp32", *options]:
+        directory = FP32_BENCH if option == "fp32" else OUT / option
+        if option != "fp32" and not (directory / "results.csv").is_file():
+            rows.append({"option": option, "status": "not run"})
+            continue
+        accs = reference[METHOD] if option == "fp32" else read_bench(directory, samples=500).get(METHOD, {})
+        sent = upload_bytes(directory)
+        mean_bytes = stat(list(sent.values()))["mean"]
+        rows.append({"option": option, "status": "ok", "seeds": sorted(accs),
+                     "upload_kib": mean_bytes / 1024, "pct_of_full_model": 100 * mean_bytes / full_bytes,
+                     "accuracy": stat(list(accs.values())), "vs_fp32": paired(accs, fp32),
+                     "vs_local": paired(accs, local)})
+    return rows
+
+
+def write_csv(rows: list[dict], path: Path) -> None:
+    columns = ["option", "status", "upload_kib", "pct_of_full_model", "acc_mean", "acc_std",
+               "vs_fp32_mean", "vs_fp32_std", "vs_local_mean", "vs_local_std", "seeds"]
+    with path.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=columns)
+        writer.writeheader()
+        for r in rows:
+            flat = {"option": r["option"], "status": r["status"]}
+            if r["status"] == "ok":
+                flat.update(upload_kib=r["upload_kib"], pct_of_full_model=r["pct_of_full_model"],
+                            seeds=" ".join(map(str, r["seeds"])))
+                for key, value in (("acc", r["accuracy"]), ("vs_fp32", r["vs_fp32"]), ("vs_local", r["vs_local"])):
+                    if value is not None:
+                        flat[f"{key}_mean"], flat[f"{key}_std"] = 100 * value["mean"], (
+                            None if value["std"] is None else 100 * value["std"])
+            writer.writerow(flat)
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    done = [r for r in rows if r["status"] == "ok"]
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for r in done:
+        ax.errorbar(r["pct_of_full_model"], 100 * r["accuracy"]["mean"],
+                    yerr=100 * (r["accuracy"]["std"] or 0.0), fmt="o", capsize=3)
+        ax.annotate(r["option"], (r["pct_of_full_model"], 100 * r["accuracy"]["mean"]),
+                    textcoords="offset points", xytext=(5, 5), fontsize=8)
+    local = [100 * (r["accuracy"]["mean"] - r["vs_local"]["mean"]) for r in done if r["option"] == "fp32"]
+    if local:
+        ax.axhline(local[0], color="grey", linestyle=":", label="Local-only")
+    ax.axvline(3.0, color="tab:red", linestyle="--", label="P3 target: 3 % of a full model")
+    ax.set_xscale("log")
+    ax.set_xlabel("upload per client and round, % of the mean full fp32 model (log)")
+    ax.set_ylabel("personalized accuracy % (last 5 of 60 rounds)")
+    ax.set_title("pFedES: bytes against accuracy (3 seeds, mean ± std)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--options", nargs="+", choices=list(OPTIONS), default=list(OPTIONS))
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--no-run", action="store_true", help="report the finished runs only")
+    args = parser.parse_args(argv)
+    if not args.no_run:
+        for option in args.options:
+            subprocess.run(bench_command(option, args.seeds), check=True, cwd=RESULTS.parents[1])
+    full_bytes = mean_full_model_bytes(client_trainers(experiment(SETTING)))
+    rows = curve(list(OPTIONS), full_bytes)
+    write_csv(rows, RESULTS / "compression_curve.csv")
+    plot(rows, RESULTS / "compression_curve.png")
+    path = write_result("compression_curve", {
+        "command": "python benchmarks/compression_curve.py",
+        "bench_commands": {o: " ".join(bench_command(o, args.seeds)) for o in OPTIONS},
+        "fp32_bench": str(FP32_BENCH.relative_to(RESULTS.parents[1])),
+        "mean_full_model_kib": full_bytes / 1024, "rows": rows})
+    print("| option | upload / client / round | % of full model | personalized acc % | vs fp32 (points) "
+          "| vs Local-only (points) |\n|---|---|---|---|---|---|")
+    for r in rows:
+        if r["status"] != "ok":
+            print(f"| {r['option']} | not run | | | | |")
+            continue
+        print(f"| {r['option']} | {r['upload_kib']:.1f} KiB | {r['pct_of_full_model']:.2f} | {pct(r['accuracy'])} | "
+              f"{'—' if r['option'] == 'fp32' else pct(r['vs_fp32'], sign=True)} | {pct(r['vs_local'], sign=True)} |")
+    print(f"wrote {path}, compression_curve.csv and compression_curve.png")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
