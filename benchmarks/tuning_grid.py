@@ -12,16 +12,20 @@ value, <grid>/<prefix><value>/<strategy>/seed100. The learning-rate grid on the 
     done
 
 The one-architecture learning-rate grid (the one-architecture table's baselines beside Local-only on
-the same clients) is the same with `strategies=[local,fedrep,pfedme,cfl] clients.devices=[phone]` and
-`out_dir=benchmarks/results/tuning/lr_grid_one_arch/lr$lr` (pFedMe and CFL at the lambda and eps2
-their grids chose). pFedMe's lambda (20 rounds) and CFL's split threshold eps2 (40 rounds: no split
-comes before its 20-round gate; eps1 0.4, above every round's mean update norm at lr 0.01, so eps2
-decides), one architecture:
+the same clients) is the same with `strategies=[local,fedrep] clients.devices=[phone]` and
+`out_dir=benchmarks/results/tuning/lr_grid_one_arch/lr$lr`; CFL's is the same with
+`strategies=[cfl] num_rounds=40` at the eps2 its grid chose (its lr 0.01 point is that grid's run).
+pFedMe's lambda (20 rounds) at two personal learning rates (the step of the K plain gradient
+steps that make the personal model: train.lr 0.01, and the reference code's 0.09, since these
+steps have no momentum), and CFL's split threshold eps2 (40 rounds: no split comes before its
+20-round gate; eps1 0.4, above every round's mean update norm at lr 0.01, so eps2 decides), one architecture:
 
     for lam in 0.1 1 15; do pfedes-bench strategies=[pfedme] seeds=[100] clients.devices=[phone] \
         data.partition=dirichlet data.alpha=0.3 data.path=../shared/data/cifar10 data.samples_per_client=500 \
         data.val_fraction=0.15 num_clients=10 num_rounds=20 ++strategy.lam=$lam \
         out_dir=benchmarks/results/tuning/pfedme_lam/lam$lam; done
+    for lam in 15 1 0.1; do pfedes-bench strategies=[pfedme] (the same setting) num_rounds=20 \
+        ++strategy.lam=$lam ++strategy.personal_lr=0.09 out_dir=benchmarks/results/tuning/pfedme_lam_plr0.09/lam$lam; done
     for e2 in 1.6 0.8 0.5; do pfedes-bench strategies=[cfl] (the same setting) num_rounds=40 \
         ++strategy.eps1=0.4 ++strategy.eps2=$e2 out_dir=benchmarks/results/tuning/cfl_eps/eps2_$e2; done
 
@@ -32,7 +36,8 @@ read) and writes benchmarks/results/tuning/<grid>.{json,md} for every grid that 
 `strategy.lr=null`: a method whose preset has its own learning rate trains at the grid's train.lr.
 The rule, fixed before the runs: a setting's default (the shared lr 0.01; the preset's value before
 its grid) stays unless another value of the grid beats it by more than 1 point on validation, the
-noise of one seed's last-5-round mean.
+noise of one seed's last-5-round mean. pFedMe's two grids are read as one: their best cell replaces
+lambda 0.1 at personal lr 0.01 only if it beats that cell by more than 1 point.
 """
 
 from __future__ import annotations
@@ -65,6 +70,7 @@ GRIDS = [
     Grid(RESULTS / "tuning" / "lr_grid", "the zoo", "train.lr", "lr", 0.01, 20),
     Grid(RESULTS / "tuning" / "lr_grid_one_arch", ONE_ARCH, "train.lr", "lr", 0.01, 20),
     Grid(RESULTS / "tuning" / "pfedme_lam", ONE_ARCH, "strategy.lam", "lam", 0.1, 20),
+    Grid(RESULTS / "tuning" / "pfedme_lam_plr0.09", ONE_ARCH + ", personal lr 0.09", "strategy.lam", "lam", 0.1, 20),
     Grid(RESULTS / "tuning" / "cfl_eps", ONE_ARCH + ", eps1 0.4", "strategy.eps2", "eps2_", 1.6, 40),
 ]
 
