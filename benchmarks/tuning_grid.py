@@ -63,15 +63,15 @@ class Grid:
     setting: str  # the key the grid varies
     prefix: str
     default: float  # the value that stays unless beaten by more than MARGIN
-    rounds: int
+    rounds: str
 
 
 GRIDS = [
-    Grid(RESULTS / "tuning" / "lr_grid", "the zoo", "train.lr", "lr", 0.01, 20),
-    Grid(RESULTS / "tuning" / "lr_grid_one_arch", ONE_ARCH, "train.lr", "lr", 0.01, 20),
-    Grid(RESULTS / "tuning" / "pfedme_lam", ONE_ARCH, "strategy.lam", "lam", 0.1, 20),
-    Grid(RESULTS / "tuning" / "pfedme_lam_plr0.09", ONE_ARCH + ", personal lr 0.09", "strategy.lam", "lam", 0.1, 20),
-    Grid(RESULTS / "tuning" / "cfl_eps", ONE_ARCH + ", eps1 0.4", "strategy.eps2", "eps2_", 1.6, 40),
+    Grid(RESULTS / "tuning" / "lr_grid", "the zoo", "train.lr", "lr", 0.01, "20"),
+    Grid(RESULTS / "tuning" / "lr_grid_one_arch", ONE_ARCH, "train.lr", "lr", 0.01, "20 (CFL 40)"),
+    Grid(RESULTS / "tuning" / "pfedme_lam", ONE_ARCH, "strategy.lam", "lam", 0.1, "20"),
+    Grid(RESULTS / "tuning" / "pfedme_lam_plr0.09", ONE_ARCH + ", personal lr 0.09", "strategy.lam", "lam", 0.1, "20"),
+    Grid(RESULTS / "tuning" / "cfl_eps", ONE_ARCH + ", eps1 0.4", "strategy.eps2", "eps2_", 1.6, "40"),
 ]
 
 

@@ -22,7 +22,7 @@ def test_the_default_stays_unless_another_value_beats_it_by_more_than_one_point(
 
 
 def test_the_record_reads_validation_accuracy_never_test_and_skips_unfinished_runs(tmp_path):
-    grid = tg.Grid(tmp_path / "pfedme_lam", "one architecture", "strategy.lam", "lam", 0.1, 20)
+    grid = tg.Grid(tmp_path / "pfedme_lam", "one architecture", "strategy.lam", "lam", 0.1, "20")
     finished_run(grid.directory / "lam0.1" / "pfedme" / "seed100", val=0.40, test=0.90)
     finished_run(grid.directory / "lam15" / "pfedme" / "seed100", val=0.60, test=0.10)
     (grid.directory / "lam1" / "pfedme" / "seed100").mkdir(parents=True)  # still running: no summary
@@ -35,6 +35,6 @@ def test_the_record_reads_validation_accuracy_never_test_and_skips_unfinished_ru
 
 
 def test_a_grid_without_a_finished_run_writes_nothing(tmp_path):
-    grid = tg.Grid(tmp_path / "cfl_eps", "one architecture", "strategy.eps2", "eps2_", 1.6, 40)
+    grid = tg.Grid(tmp_path / "cfl_eps", "one architecture", "strategy.eps2", "eps2_", 1.6, "40")
     assert tg.write_record(grid) == []
     assert not (tmp_path / "cfl_eps.json").exists()
