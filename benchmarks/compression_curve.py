@@ -35,6 +35,7 @@ OPTIONS = {  # name -> compression overrides (top-k sends the change, with error
     "int8": ["compression.quantize=int8"],
     "top25": ["compression.topk=0.25"],
     "top10": ["compression.topk=0.1"],
+    "int8+top50": ["compression.quantize=int8", "compression.topk=0.5"],
     "int8+top25": ["compression.quantize=int8", "compression.topk=0.25"],
     "int8+top10": ["compression.quantize=int8", "compression.topk=0.1"],
 }
