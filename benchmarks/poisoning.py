@@ -1,6 +1,7 @@
 """Poisoned clients against the server's defences (pfedes/robust.py): some clients send scaled
 (x100) or sign-flipped updates every round; pFedES's accuracy with no defence, with the default
-norm-anomaly rejection, and with a trimmed mean, beside the clean run, paired by seed.
+norm-anomaly rejection, and with a trimmed mean, the median or Multi-Krum (each after the norm
+check), beside the clean run, paired by seed.
 
     python benchmarks/poisoning.py [--seeds 0 1 2] [--attackers 0 5] [--out DIR] [hydra overrides]
 
@@ -30,6 +31,8 @@ DEFENCES = {
     "none": ["aggregation.rule=mean", "aggregation.norm_threshold=0"],
     "default": [],  # norm-anomaly rejection at conf/'s threshold, weighted mean
     "trimmed_mean": ["aggregation.rule=trimmed_mean", "aggregation.trim_fraction=0.2"],
+    "median": ["aggregation.rule=median"],
+    "multikrum": ["aggregation.rule=multikrum", "aggregation.num_malicious=2"],
 }
 CONDITIONS = [("clean", "default")] + [(a, d) for a in ATTACKS for d in DEFENCES]
 LAST = 5
