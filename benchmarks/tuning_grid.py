@@ -29,6 +29,17 @@ steps have no momentum), and CFL's split threshold eps2 (40 rounds: no split com
     for e2 in 1.6 0.8 0.5; do pfedes-bench strategies=[cfl] (the same setting) num_rounds=40 \
         ++strategy.eps1=0.4 ++strategy.eps2=$e2 out_dir=benchmarks/results/tuning/cfl_eps/eps2_$e2; done
 
+The two baselines the tables compare pfedes with also have their main setting beside the learning
+rate tuned (the zoo, 20 rounds, train.lr 0.01): FD's distillation weight lam, and LG-FedAvg's server
+momentum on the shared head (0 is LG-FedAvg's plain average; pfedes aggregates with momentum):
+
+    T="seeds=[100] num_rounds=20 data.partition=dirichlet data.alpha=0.3 data.path=../shared/data/cifar10 \
+       data.samples_per_client=500 data.val_fraction=0.15 num_clients=10 strategy.lr=null"
+    for lam in 1 0.3 3 0.1; do pfedes-bench strategies=[fd] $T ++strategy.lam=$lam \
+        out_dir=benchmarks/results/tuning/fd_lam/lam$lam; done
+    for m in 0 0.5 0.9; do pfedes-bench strategies=[lgfedavg] $T ++strategy.server_momentum=$m \
+        out_dir=benchmarks/results/tuning/lgfedavg_momentum/m$m; done
+
     python benchmarks/tuning_grid.py
 
 This reads each run's validation accuracy (the mean of its last 5 rounds; the test split is not
@@ -72,6 +83,8 @@ GRIDS = [
     Grid(RESULTS / "tuning" / "pfedme_lam", ONE_ARCH, "strategy.lam", "lam", 0.1, "20"),
     Grid(RESULTS / "tuning" / "pfedme_lam_plr0.09", ONE_ARCH + ", personal lr 0.09", "strategy.lam", "lam", 0.1, "20"),
     Grid(RESULTS / "tuning" / "cfl_eps", ONE_ARCH + ", eps1 0.4", "strategy.eps2", "eps2_", 1.6, "40"),
+    Grid(RESULTS / "tuning" / "fd_lam", "the zoo", "strategy.lam", "lam", 1.0, "20"),
+    Grid(RESULTS / "tuning" / "lgfedavg_momentum", "the zoo", "strategy.server_momentum", "m", 0.0, "20"),
 ]
 
 
