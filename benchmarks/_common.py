@@ -14,6 +14,12 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 SHARED_CIFAR = ROOT.parent / "shared" / "data" / "cifar10"
+# the reference heterogeneous setting (the zoo, 10 clients, Dirichlet 0.3, 500 samples per client,
+# 15 % validation, 60 rounds) and the table made with it, whose pfedes and Local-only runs the
+# benchmarks of one option of pfedes pair their runs with
+REFERENCE_SETTING = ["num_rounds=60", "data.samples_per_client=500", "data.partition=dirichlet", "data.alpha=0.3",
+                     "num_clients=10", "data.path=../shared/data/cifar10", "data.val_fraction=0.15"]
+REFERENCE_BENCH = RESULTS / "hetero_dirichlet_val"
 
 
 def default_data_path() -> str:

@@ -22,12 +22,12 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS, experiment, paired, pct, read_bench, stat, write_result  # noqa: E402
+from _common import (REFERENCE_BENCH, REFERENCE_SETTING, RESULTS, experiment, paired, pct, read_bench,  # noqa: E402
+                     stat, write_result)
 from compression_bytes import client_trainers, mean_full_model_bytes  # noqa: E402
 
-SETTING = ["num_rounds=60", "data.samples_per_client=500", "data.partition=dirichlet", "data.alpha=0.3",
-           "num_clients=10", "data.path=../shared/data/cifar10", "data.val_fraction=0.15"]
-FP32_BENCH = RESULTS / "hetero_dirichlet_val"  # made with SETTING, uncompressed
+SETTING = REFERENCE_SETTING
+FP32_BENCH = REFERENCE_BENCH  # made with SETTING, uncompressed
 OUT = RESULTS / "compression"
 METHOD = "pfedes"
 OPTIONS = {  # name -> compression overrides (top-k sends the change, with error feedback: conf/'s default)

@@ -1,0 +1,168 @@
+"""Two-tier and contribution-weighted aggregation against flat aggregation (issue 15, parts 3 and 5):
+pFedES on the reference heterogeneous setting (the zoo, 10 clients, Dirichlet alpha 0.3, 500 samples
+per client, 15 % validation, 60 rounds), each aggregation option against the flat sample-weighted
+mean, paired by seed.
+
+    python benchmarks/aggregation_options.py [--options two_tier ...] [--seeds 0 1 2] [--no-run]
+
+Each option is one `pfedes-bench` run of pfedes into benchmarks/results/aggregation/<option>/
+(finished runs are reused, so the command resumes); the flat runs and Local-only are those of the
+heterogeneous Dirichlet table, benchmarks/results/hetero_dirichlet_val, made with the same setting.
+Every option runs at its conf/ defaults: nothing here was tuned. Per option: the final accuracy (mean
+of the last 5 rounds), its change against flat and its gain over Local-only, and the rounds it takes
+to reach Local-only's plateau (per seed, the first round whose 5-round trailing mean reaches
+Local-only's last-5-round mean on that seed). --no-run only reads what has finished. Writes
+benchmarks/results/aggregation_options.{csv,json,png}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import (REFERENCE_BENCH, REFERENCE_SETTING, RESULTS, paired, pct, read_bench, stat,  # noqa: E402
+                     write_result)
+
+from pfedes.bench.runs import LAST_ROUNDS as LAST  # noqa: E402
+
+OUT = RESULTS / "aggregation"
+METHOD = "pfedes"
+OPTIONS = {  # name -> aggregation overrides
+    "two_tier": ["aggregation.groups=device"],  # each device profile's mean, then the profiles equally
+    "two_tier_samples": ["aggregation.groups=device", "aggregation.group_weighting=samples"],
+    "val_score": ["aggregation.weighting=val_score"],  # softmax of the reported validation accuracy
+    "quality": ["aggregation.weighting=quality"],  # FQI/DLI blend
+}
+
+
+def bench_command(option: str, seeds: list[int]) -> list[str]:
+    return ["pfedes-bench", f"strategies=[{METHOD}]", f"seeds=[{','.join(map(str, seeds))}]", *REFERENCE_SETTING,
+            *OPTIONS[option], f"out_dir={OUT.relative_to(RESULTS.parents[1]) / option}"]
+
+
+def curves(directory: Path, strategy: str) -> dict[int, list[float]]:
+    """{seed: personalized accuracy by round} of a bench directory's finished runs of a strategy."""
+    out = {}
+    for run in sorted((directory / strategy).glob("seed*")):
+        if (run / "summary.json").is_file():
+            rounds = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+            out[int(run.name[4:])] = [r["acc_mean"] for r in rounds if r.get("acc_mean") is not None]
+    return out
+
+
+def rounds_to_reach(curve: list[float], target: float) -> int | None:
+    """The first round (1-based) whose trailing mean over LAST rounds reaches target; None if none does."""
+    for end in range(LAST, len(curve) + 1):
+        if np.mean(curve[end - LAST:end]) >= target:
+            return end
+    return None
+
+
+def row(option: str, directory: Path, flat: dict[int, float], local: dict[int, float],
+        local_curves: dict[int, list[float]]) -> dict:
+    accs = read_bench(directory, samples=500).get(METHOD, {})
+    reach = {s: rounds_to_reach(c, local[s]) for s, c in curves(directory, METHOD).items() if s in local}
+    return {"option": option, "status": "ok", "seeds": sorted(accs), "accuracy": stat(list(accs.values())),
+            "vs_flat": None if option == "flat" else paired(accs, flat), "vs_local": paired(accs, local),
+            "rounds_to_local_plateau": reach,
+            "local_plateau_rounds": {s: rounds_to_reach(c, local[s]) for s, c in local_curves.items()}}
+
+
+def table(options: list[str]) -> list[dict]:
+    """One row per option (flat first), paired with the reference table's runs."""
+    reference = read_bench(REFERENCE_BENCH, samples=500)
+    flat, local = reference[METHOD], reference["local"]
+    local_curves = curves(REFERENCE_BENCH, "local")
+    rows = [row("flat", REFERENCE_BENCH, flat, local, local_curves)]
+    for option in options:
+        directory = OUT / option
+        if not (directory / "results.csv").is_file() or METHOD not in read_bench(directory, samples=500):
+            rows.append({"option": option, "status": "not run"})
+        else:
+            rows.append(row(option, directory, flat, local, local_curves))
+    return rows
+
+
+def reach_text(reach: dict[int, int | None]) -> str:
+    return " / ".join("never" if r is None else str(r) for _, r in sorted(reach.items()))
+
+
+def write_csv(rows: list[dict], path: Path) -> None:
+    columns = ["option", "status", "acc_mean", "acc_std", "vs_flat_mean", "vs_flat_std", "vs_local_mean",
+               "vs_local_std", "rounds_to_local_plateau_by_seed", "seeds"]
+    with path.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=columns)
+        writer.writeheader()
+        for r in rows:
+            flat = {"option": r["option"], "status": r["status"]}
+            if r["status"] == "ok":
+                flat.update(seeds=" ".join(map(str, r["seeds"])),
+                            rounds_to_local_plateau_by_seed=reach_text(r["rounds_to_local_plateau"]))
+                for key, value in (("acc", r["accuracy"]), ("vs_flat", r["vs_flat"]), ("vs_local", r["vs_local"])):
+                    if value is not None:
+                        flat[f"{key}_mean"], flat[f"{key}_std"] = 100 * value["mean"], (
+                            None if value["std"] is None else 100 * value["std"])
+            writer.writerow(flat)
+
+
+def plot(options: list[str], path: Path) -> None:
+    """Seed-mean personalized accuracy by round: Local-only, flat and each option that has runs."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    series = {"Local-only": curves(REFERENCE_BENCH, "local"), "flat": curves(REFERENCE_BENCH, METHOD)}
+    series.update({o: curves(OUT / o, METHOD) for o in options})
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for name, by_seed in series.items():
+        if by_seed:
+            length = min(len(c) for c in by_seed.values())
+            mean = np.mean([c[:length] for c in by_seed.values()], axis=0)
+            ax.plot(range(1, length + 1), 100 * mean, label=f"{name} ({len(by_seed)} seeds)",
+                    linestyle="--" if name == "Local-only" else "-")
+    ax.set_xlabel("round")
+    ax.set_ylabel("personalized accuracy % (mean over seeds)")
+    ax.set_title("pFedES: aggregation options against the flat mean")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--options", nargs="+", choices=list(OPTIONS), default=list(OPTIONS))
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--no-run", action="store_true", help="report the finished runs only")
+    args = parser.parse_args(argv)
+    if not args.no_run:
+        for option in args.options:
+            subprocess.run(bench_command(option, args.seeds), check=True, cwd=RESULTS.parents[1])
+    rows = table(list(OPTIONS))
+    write_csv(rows, RESULTS / "aggregation_options.csv")
+    plot(list(OPTIONS), RESULTS / "aggregation_options.png")
+    path = write_result("aggregation_options", {
+        "command": "python benchmarks/aggregation_options.py",
+        "bench_commands": {o: " ".join(bench_command(o, args.seeds)) for o in OPTIONS},
+        "flat_bench": str(REFERENCE_BENCH.relative_to(RESULTS.parents[1])), "rows": rows})
+    print("| option | personalized acc % | vs flat (points) | vs Local-only (points) | rounds to Local-only's "
+          "plateau, by seed |\n|---|---|---|---|---|")
+    for r in rows:
+        if r["status"] != "ok":
+            print(f"| {r['option']} | not run | | | |")
+            continue
+        print(f"| {r['option']} | {pct(r['accuracy'])} | {'—' if r['vs_flat'] is None else pct(r['vs_flat'], sign=True)}"
+              f" | {pct(r['vs_local'], sign=True)} | {reach_text(r['rounds_to_local_plateau'])} |")
+    print(f"wrote {path}, aggregation_options.csv and aggregation_options.png")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
