@@ -27,7 +27,7 @@ def write_bench(directory: Path, runs: dict[tuple[str, int], list[float]]) -> No
 
 
 def test_rounds_to_reach_is_the_first_trailing_mean_at_the_target():
-    assert ao.rounds_to_reach([0.1] * 4 + [0.5] * 6, 0.5) == 10
+    assert ao.rounds_to_reach([0.1] * 4 + [0.5] * 6, 0.5) == 9  # rounds 5-9
     assert ao.rounds_to_reach([0.1] * 4 + [0.7] * 6, 0.5) == 8  # (0.1 + 4 * 0.7) / 5 = 0.58; round 7: 0.46
     assert ao.rounds_to_reach([0.1] * 10, 0.5) is None
 
