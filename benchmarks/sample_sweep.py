@@ -5,10 +5,13 @@ setting otherwise), and writes `benchmarks/results/sample_sweep.json` (per size 
 accuracy and the gain over Local-only paired by seed, mean ± std) and `sample_sweep.png`.
 
     for n in 100 250; do pfedes-bench strategies=[local,pfedes,pfedes_unshared,lgfedavg,fd] seeds=[0,1,2] \\
-        data.partition=dirichlet data.alpha=0.3 num_clients=10 num_rounds=40 data.val_fraction=0.15 \\
-        data.path=../shared/data/cifar10 data.samples_per_client=$n out_dir=benchmarks/results/sweep_n$n; done
-    python benchmarks/sample_sweep.py 100=benchmarks/results/sweep_n100 250=benchmarks/results/sweep_n250 \\
+        data.partition=dirichlet data.alpha=0.3 num_clients=10 num_rounds=60 data.val_fraction=0.15 \\
+        data.path=../shared/data/cifar10 data.samples_per_client=$n out_dir=benchmarks/results/sweep_n${n}_60r; done
+    python benchmarks/sample_sweep.py 100=benchmarks/results/sweep_n100_60r 250=benchmarks/results/sweep_n250_60r \\
         500=benchmarks/results/hetero_dirichlet_val
+
+(the 60 rounds of the reference table at 500 samples; the older 40-round directories, sweep_n100 and
+sweep_n250, were short of Local-only's plateau at 250)
 
 Each directory's runs must have been made with the samples per client it is given for (checked
 against the runs' summary.json).
