@@ -37,8 +37,9 @@ DEFENCES = {
 # the norm check runs before every rule and already drops the x100 updates, so the median and
 # Multi-Krum are measured against the flips, which pass it
 AGAINST_SCALE = ("none", "default", "trimmed_mean")
-CONDITIONS = [("clean", "default")] + [(a, d) for a in ATTACKS for d in DEFENCES
-                                       if a == "flip" or d in AGAINST_SCALE]
+# Multi-Krum also without attackers: what setting aside f honest replies each round costs
+CONDITIONS = [("clean", "default"), ("clean", "multikrum")] + [(a, d) for a in ATTACKS for d in DEFENCES
+                                                               if a == "flip" or d in AGAINST_SCALE]
 LAST = 5
 
 attacker_app = ClientApp()
@@ -127,7 +128,7 @@ def main(argv: list[str]) -> None:
 
 
 def report(rows: list[dict], args, overrides: list[str]) -> None:
-    clean = {r["seed"]: r["acc_last5"] for r in rows if r["attack"] == "clean"}
+    clean = {r["seed"]: r["acc_last5"] for r in rows if (r["attack"], r["defence"]) == ("clean", "default")}
     summary = []
     for attack, defence in CONDITIONS:
         runs = [r for r in rows if (r["attack"], r["defence"]) == (attack, defence)]
