@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import argparse
 import csv
 import json
 import os
+import subprocess
 import platform
 import time
 from pathlib import Path
@@ -20,6 +22,26 @@ SHARED_CIFAR = ROOT.parent / "shared" / "data" / "cifar10"
 REFERENCE_SETTING = ["num_rounds=60", "data.samples_per_client=500", "data.partition=dirichlet", "data.alpha=0.3",
                      "num_clients=10", "data.path=../shared/data/cifar10", "data.val_fraction=0.15"]
 REFERENCE_BENCH = RESULTS / "hetero_dirichlet_val"
+
+
+def option_command(method: str, seeds: list[int], overrides: list[str], out: Path) -> list[str]:
+    """The pfedes-bench command of one option of a method on the reference setting."""
+    return ["pfedes-bench", f"strategies=[{method}]", f"seeds=[{','.join(map(str, seeds))}]", *REFERENCE_SETTING,
+            *overrides, f"out_dir={out.relative_to(ROOT)}"]
+
+
+def run_options(argv: list[str], description: str, options: list[str], command) -> argparse.Namespace:
+    """The command line of a benchmark of options (--options, --seeds, --no-run); runs command(option,
+    seeds) for each chosen option unless --no-run (pfedes-bench reuses finished runs)."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--options", nargs="+", choices=options, default=options)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--no-run", action="store_true", help="report the finished runs only")
+    args = parser.parse_args(argv)
+    if not args.no_run:
+        for option in args.options:
+            subprocess.run(command(option, args.seeds), check=True, cwd=ROOT)
+    return args
 
 
 def default_data_path() -> str:

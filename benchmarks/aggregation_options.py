@@ -17,18 +17,16 @@ benchmarks/results/aggregation_options.{csv,json,png}.
 
 from __future__ import annotations
 
-import argparse
 import csv
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import (REFERENCE_BENCH, REFERENCE_SETTING, RESULTS, paired, pct, read_bench, stat,  # noqa: E402
-                     write_result)
+from _common import (REFERENCE_BENCH, RESULTS, option_command, paired, pct, read_bench, run_options,  # noqa: E402
+                     stat, write_result)
 
 from pfedes.bench.runs import LAST_ROUNDS as LAST  # noqa: E402
 
@@ -43,8 +41,7 @@ OPTIONS = {  # name -> aggregation overrides
 
 
 def bench_command(option: str, seeds: list[int]) -> list[str]:
-    return ["pfedes-bench", f"strategies=[{METHOD}]", f"seeds=[{','.join(map(str, seeds))}]", *REFERENCE_SETTING,
-            *OPTIONS[option], f"out_dir={OUT.relative_to(RESULTS.parents[1]) / option}"]
+    return option_command(METHOD, seeds, OPTIONS[option], OUT / option)
 
 
 def curves(directory: Path, strategy: str) -> dict[int, list[float]]:
@@ -138,14 +135,7 @@ def plot(options: list[str], path: Path) -> None:
 
 
 def main(argv: list[str]) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--options", nargs="+", choices=list(OPTIONS), default=list(OPTIONS))
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--no-run", action="store_true", help="report the finished runs only")
-    args = parser.parse_args(argv)
-    if not args.no_run:
-        for option in args.options:
-            subprocess.run(bench_command(option, args.seeds), check=True, cwd=RESULTS.parents[1])
+    args = run_options(argv, __doc__.splitlines()[0], list(OPTIONS), bench_command)
     rows = table(list(OPTIONS))
     write_csv(rows, RESULTS / "aggregation_options.csv")
     plot(list(OPTIONS), RESULTS / "aggregation_options.png")

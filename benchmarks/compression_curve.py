@@ -15,15 +15,13 @@ benchmarks/results/compression_curve.{csv,json,png}.
 
 from __future__ import annotations
 
-import argparse
 import csv
-import subprocess
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import (REFERENCE_BENCH, REFERENCE_SETTING, RESULTS, experiment, paired, pct, read_bench,  # noqa: E402
-                     stat, write_result)
+from _common import (REFERENCE_BENCH, REFERENCE_SETTING, RESULTS, experiment, option_command, paired, pct,  # noqa: E402
+                     read_bench, run_options, stat, write_result)
 from compression_bytes import client_trainers, mean_full_model_bytes  # noqa: E402
 
 SETTING = REFERENCE_SETTING
@@ -42,8 +40,7 @@ OPTIONS = {  # name -> compression overrides (top-k sends the change, with error
 
 
 def bench_command(option: str, seeds: list[int]) -> list[str]:
-    return ["pfedes-bench", f"strategies=[{METHOD}]", f"seeds=[{','.join(map(str, seeds))}]", *SETTING,
-            *OPTIONS[option], f"out_dir={OUT.relative_to(RESULTS.parents[1]) / option}"]
+    return option_command(METHOD, seeds, OPTIONS[option], OUT / option)
 
 
 def upload_bytes(directory: Path) -> dict[int, float]:
@@ -118,14 +115,7 @@ def plot(rows: list[dict], path: Path) -> None:
 
 
 def main(argv: list[str]) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--options", nargs="+", choices=list(OPTIONS), default=list(OPTIONS))
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--no-run", action="store_true", help="report the finished runs only")
-    args = parser.parse_args(argv)
-    if not args.no_run:
-        for option in args.options:
-            subprocess.run(bench_command(option, args.seeds), check=True, cwd=RESULTS.parents[1])
+    args = run_options(argv, __doc__.splitlines()[0], list(OPTIONS), bench_command)
     full_bytes = mean_full_model_bytes(client_trainers(experiment(SETTING)))
     rows = curve(list(OPTIONS), full_bytes)
     write_csv(rows, RESULTS / "compression_curve.csv")
