@@ -161,6 +161,16 @@ def paired(values: dict[int, float], against: dict[int, float]) -> dict | None:
     return {**stat(diffs), "by_seed": {s: d for s, d in zip(common, diffs)}}
 
 
+def points_columns(figures: dict[str, dict | None]) -> dict[str, float | None]:
+    """{name: stat()/paired() figure} as CSV columns in points: <name>_mean, <name>_std (none missing)."""
+    out = {}
+    for name, value in figures.items():
+        if value is not None:
+            out[f"{name}_mean"] = 100 * value["mean"]
+            out[f"{name}_std"] = None if value["std"] is None else 100 * value["std"]
+    return out
+
+
 def pct(value: dict | None, sign: bool = False) -> str:
     """A stat()/paired() figure as points: "mean ± std" ("—" when there is none)."""
     if value is None:

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import (REFERENCE_BENCH, RESULTS, option_command, paired, pct, read_bench, run_options,  # noqa: E402
+from _common import (REFERENCE_BENCH, RESULTS, option_command, paired, pct, points_columns, read_bench, run_options,  # noqa: E402
                      stat, write_result)
 
 from pfedes.bench.runs import LAST_ROUNDS as LAST  # noqa: E402
@@ -102,10 +102,7 @@ def write_csv(rows: list[dict], path: Path) -> None:
             if r["status"] == "ok":
                 flat.update(seeds=" ".join(map(str, r["seeds"])),
                             rounds_to_local_plateau_by_seed=reach_text(r["rounds_to_local_plateau"]))
-                for key, value in (("acc", r["accuracy"]), ("vs_flat", r["vs_flat"]), ("vs_local", r["vs_local"])):
-                    if value is not None:
-                        flat[f"{key}_mean"], flat[f"{key}_std"] = 100 * value["mean"], (
-                            None if value["std"] is None else 100 * value["std"])
+                flat.update(points_columns({"acc": r["accuracy"], "vs_flat": r["vs_flat"], "vs_local": r["vs_local"]}))
             writer.writerow(flat)
 
 

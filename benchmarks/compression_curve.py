@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (REFERENCE_BENCH, REFERENCE_SETTING, RESULTS, experiment, option_command, paired, pct,  # noqa: E402
-                     read_bench, run_options, stat, write_result)
+                     points_columns, read_bench, run_options, stat, write_result)
 from compression_bytes import client_trainers, mean_full_model_bytes  # noqa: E402
 
 SETTING = REFERENCE_SETTING
@@ -81,10 +81,7 @@ def write_csv(rows: list[dict], path: Path) -> None:
             if r["status"] == "ok":
                 flat.update(upload_kib=r["upload_kib"], pct_of_full_model=r["pct_of_full_model"],
                             seeds=" ".join(map(str, r["seeds"])))
-                for key, value in (("acc", r["accuracy"]), ("vs_fp32", r["vs_fp32"]), ("vs_local", r["vs_local"])):
-                    if value is not None:
-                        flat[f"{key}_mean"], flat[f"{key}_std"] = 100 * value["mean"], (
-                            None if value["std"] is None else 100 * value["std"])
+                flat.update(points_columns({"acc": r["accuracy"], "vs_fp32": r["vs_fp32"], "vs_local": r["vs_local"]}))
             writer.writerow(flat)
 
 
