@@ -33,8 +33,9 @@ from pfedes.bench.runs import LAST_ROUNDS as LAST  # noqa: E402
 OUT = RESULTS / "aggregation"
 METHOD = "pfedes"
 OPTIONS = {  # name -> aggregation overrides
-    "two_tier": ["aggregation.groups=device"],  # each device profile's mean, then the profiles equally
-    "two_tier_samples": ["aggregation.groups=device", "aggregation.group_weighting=samples"],
+    # each device profile's mean, then the profiles equally (weighing the profiles by samples instead
+    # is the flat mean again under the default rule, by construction: tests/test_robust.py)
+    "two_tier": ["aggregation.groups=device"],
     "val_score": ["aggregation.weighting=val_score"],  # softmax of the reported validation accuracy
     "quality": ["aggregation.weighting=quality"],  # FQI/DLI blend
 }

@@ -57,7 +57,7 @@ def test_each_option_is_paired_by_seed_with_flat_and_local_and_a_missing_one_is_
 
 
 def test_the_bench_command_carries_the_option_and_the_reference_setting():
-    command = ao.bench_command("two_tier_samples", [0, 1, 2])
-    assert "aggregation.groups=device" in command and "aggregation.group_weighting=samples" in command
+    command = ao.bench_command("quality", [0, 1, 2])
+    assert "aggregation.weighting=quality" in command
     assert "num_rounds=60" in command and "seeds=[0,1,2]" in command
-    assert command[-1] == "out_dir=benchmarks/results/aggregation/two_tier_samples"
+    assert command[-1] == "out_dir=benchmarks/results/aggregation/quality"

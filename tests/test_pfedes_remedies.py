@@ -147,6 +147,8 @@ def test_normalised_proxies_share_the_same_keys_on_every_architecture(norm):
     ("predict_with", "global", "strategy.predict_with 'global' is unknown"),
     ("predict_with", "received", "strategy.predict_with 'received' needs a fusion"),
     ("proxy_width", 0, "strategy.proxy_width must be >= 1"),
+    ("proxy_classifier", "frozen", "strategy.proxy_classifier 'frozen' is unknown"),
+    ("proxy_classifier", "fixed", "strategy.proxy_classifier 'fixed' needs a shared classifier"),
 ])
 def test_a_bad_setting_is_named(setting, value, message):
     with pytest.raises(ValueError, match=message):
@@ -275,6 +277,18 @@ def test_shared_proxy_head_is_trained_with_the_clients_label_prior_and_sent(smal
     t.proxy_optimizer.zero_grad()
     t.proxy_step(x, y)
     assert t.proxy.classifier.weight.grad is not None
+
+
+def test_a_fixed_shared_classifier_stays_as_received_while_the_proxy_learns(small_data):
+    t = trainer(fusion="ensemble", warmup_steps=0, proxy_norm="group", proxy_head="shared",
+                proxy_classifier="fixed", proxy_epochs=1, proxy_align_weight=0, lam=0)
+    received = {k: v.clone() for k, v in t.shared_state().items()}
+    t.fit(small_data, torch.Generator().manual_seed(0))
+    sent = t.shared_state()
+    assert "proxy.classifier.weight" in sent  # still sent, unchanged: the server's mean keeps it
+    for key in ("proxy.classifier.weight", "proxy.classifier.bias"):
+        assert torch.equal(sent[key], received[key])
+    assert not torch.equal(sent["proxy.out.weight"], received["proxy.out.weight"])
 
 
 def test_predict_with_received_uses_the_proxy_the_server_sent(small_data):

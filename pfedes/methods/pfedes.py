@@ -12,7 +12,7 @@ from ..models.proxy import PROXY_NORMS
 from ..strategies.local import LocalOnly
 from ..strategies.pfedes import PFedES
 from ..trainers.alignment import ALIGN_KINDS
-from ..trainers.pfedes import FUSIONS, PREDICT_WITH, PROXY_HEADS, PROXY_SCHEDULES, PFedESTrainer
+from ..trainers.pfedes import FUSIONS, PREDICT_WITH, PROXY_CLASSIFIERS, PROXY_HEADS, PROXY_SCHEDULES, PFedESTrainer
 from .base import MomentumSettings, at_least, fail, one_of, register
 
 
@@ -37,6 +37,7 @@ class PFedESSettings(MomentumSettings):
     proxy_head_epochs: int = 0
     predict_with: str = "local"     # local | received
     proxy_head: str = "private"     # private | shared
+    proxy_classifier: str = "trained"  # trained | fixed (the shared classifier C stays as initialised)
     proxy_norm: str = "none"        # none | group | batch
     proxy_pool: int = 1
     proxy_width: int = 16
@@ -71,6 +72,9 @@ class PFedESSettings(MomentumSettings):
         if self.proxy_head == "shared" and (self.fusion != "ensemble" or self.proxy_schedule == "rep"):
             fail("proxy_head", f"'shared' needs fusion: ensemble and proxy_schedule: joint, "
                                f"got fusion '{self.fusion}', proxy_schedule '{self.proxy_schedule}'")
+        one_of("proxy_classifier", self.proxy_classifier, PROXY_CLASSIFIERS)
+        if self.proxy_classifier == "fixed" and not (self.proxy_ce_weight or self.proxy_head == "shared"):
+            fail("proxy_classifier", "'fixed' needs a shared classifier (proxy_head: shared or proxy_ce_weight > 0)")
         one_of("proxy_norm", self.proxy_norm, PROXY_NORMS)
         at_least("proxy_pool", self.proxy_pool, 1)
         at_least("proxy_width", self.proxy_width, 1)

@@ -37,6 +37,11 @@ more of them.
   everywhere), instead of each pulling C toward its own classes; the branch predicts
   C(e_proxy) + log pi_k, the shared classifier put back on this client's label mix.
 
+`proxy_classifier: fixed` keeps the shared classifier C as initialised (the same on every client,
+since the server sends the initial proxy): only E_proxy learns, toward fixed class directions, so
+clients that see different classes no longer pull C apart and move the features instead
+(FedBABU's frozen head, on the proxy).
+
 `proxy_schedule` says how the shared branch of the ensemble learns in a round:
 
 - `joint` (FedPer on the proxy): E_proxy and its head learn together in every pass;
@@ -70,6 +75,7 @@ FUSIONS = ("none", "concat", "ensemble")
 PROXY_SCHEDULES = ("joint", "rep")
 PROXY_HEADS = ("private", "shared")
 PREDICT_WITH = ("local", "received")
+PROXY_CLASSIFIERS = ("trained", "fixed")
 
 
 class LabelPrior(nn.Module):
@@ -115,6 +121,8 @@ class PFedESTrainer(Trainer):
         self.has_global_model = shared_head
         self.proxy = ProxyExtractor(d, norm=s.proxy_norm, num_classes=num_classes if shared_head else 0,
                                     pool=s.proxy_pool, width=s.proxy_width, in_channels=self.image.channels)
+        if shared_head and s.proxy_classifier == "fixed":  # C stays as the server initialised it
+            self.proxy.classifier.requires_grad_(False)
         self.exchange["proxy"] = self.proxy
         if self.fusion == "concat":
             self.model.head = nn.Linear(self.model.head.in_features + d, num_classes)
