@@ -52,7 +52,8 @@ from _common import RESULTS, paired, pct, stat, write_result  # noqa: E402
 
 NAME = "privacy_utility"
 ROOT = RESULTS / NAME  # the pfedes-bench directories of the commands above
-REFERENCE = RESULTS / "hetero_dirichlet_val"  # the zoo's non-private runs
+REFERENCE = RESULTS / "hetero_dirichlet_val"  # the zoo's non-private runs, and its Local-only runs
+LOCAL_PHONE = RESULTS / "homog_dirichlet_val"  # Local-only with every client a phone, the same setting
 ROUNDS = 60
 SEEDS = (0, 1, 2)
 DELTA = 1e-5
@@ -129,9 +130,17 @@ def read_cell(root: Path, reference: Path, setting: str, mode: str, strategy: st
     return {"runs": runs, "missing": missing}
 
 
-def collect(root: Path, reference: Path) -> list[dict]:
+def local_only(directory: Path, setting: str) -> dict:
+    """Local-only's accuracy over the seeds it has in `directory` (it shares nothing, so privacy
+    costs it nothing: the floor a private method should stay above)."""
+    runs = {seed: read_run(directory, "local", seed, setting, "central", math.inf) for seed in SEEDS}
+    acc = {seed: r["acc"] for seed, r in runs.items() if "missing" not in r}
+    return {"bench": str(directory), "seeds": sorted(acc), "accuracy": stat(list(acc.values())) if acc else None}
+
+
+def collect(root: Path, reference: Path, local_phone: Path = LOCAL_PHONE) -> list[dict]:
     """Per panel and method, per epsilon: accuracy over seeds, the epsilon the accountant
-    reported, and the change against the non-private run paired by seed."""
+    reported, and the change against the non-private run paired by seed; and Local-only's accuracy."""
     panels = []
     for title, setting, mode, strategies in PANELS:
         methods = {}
@@ -159,7 +168,8 @@ def collect(root: Path, reference: Path) -> list[dict]:
                 if a and b:
                     gaps[eps_name(eps)] = paired(b["by_seed"], a["by_seed"])
         panels.append({"panel": title, "setting": setting, "mode": mode, "methods": methods,
-                       "loss_difference": gaps or None})
+                       "loss_difference": gaps or None,
+                       "local_only": local_only(local_phone if setting == "phone" else reference, setting)})
     return panels
 
 
@@ -190,6 +200,10 @@ def markdown(panels: list[dict]) -> str:
             first, second = list(panel["methods"])
             lines += ["", f"{second}'s change minus {first}'s (points, paired by seed; > 0: {second} loses less): "
                       + ", ".join(f"ε = {e}: {pct(v, True)}" for e, v in panel["loss_difference"].items())]
+        local = panel["local_only"]
+        lines += ["", "Local-only (shares nothing, so no privacy cost): "
+                  + (f"{pct(local['accuracy'])}, seeds {local['seeds']} ({local['bench']})" if local["accuracy"]
+                     else "not run")]
         lines.append("")
     return "\n".join(lines)
 
@@ -213,6 +227,9 @@ def plot(panels: list[dict], path: Path) -> None:
             ax.errorbar([x for x, _ in points], [100 * a["mean"] for _, a in points],
                         yerr=[100 * (a["std"] or 0.0) for _, a in points], marker="o", capsize=3,
                         color=f"C{i}", label=strategy)
+        local = panel["local_only"]["accuracy"]
+        if local is not None:
+            ax.axhline(100 * local["mean"], color="gray", linestyle="--", label="Local-only")
         if not drawn:
             ax.text(0.5, 0.5, "not run", transform=ax.transAxes, ha="center", va="center", color="gray")
         else:
@@ -231,9 +248,11 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--root", type=Path, default=ROOT, help="where the pfedes-bench directories are")
     parser.add_argument("--reference", type=Path, default=REFERENCE, help="the zoo's non-private bench directory")
+    parser.add_argument("--local-phone", type=Path, default=LOCAL_PHONE,
+                        help="the bench directory of Local-only with every client a phone")
     parser.add_argument("--out", type=Path, default=RESULTS, help="where privacy_utility.{json,md,png} go")
     args = parser.parse_args(argv)
-    panels = collect(args.root, args.reference)
+    panels = collect(args.root, args.reference, args.local_phone)
     result = {"command": " ".join(["python benchmarks/privacy_utility.py", *(argv if argv is not None else sys.argv[1:])]),
               "setting": "Dirichlet 0.3, 10 clients, 500 samples per client, 60 rounds, val 0.15; "
                          f"delta {DELTA:g}, per-model clipping", "panels": panels}

@@ -37,6 +37,9 @@ def benches(tmp_path):
         fake_run(root / "phone_central_eps8", "fedavg", seed, fedavg - 0.10, eps=8, reported=7.9)
         fake_run(root / "phone_central_eps8", "pfedes", seed, pfedes - 0.02 * (seed + 1), eps=8, reported=7.95)
         fake_run(reference, "pfedes", seed, 0.70, devices=zoo)  # the zoo's non-private runs
+        fake_run(reference, "local", seed, 0.60 + 0.01 * seed, devices=zoo)
+    for seed in (0, 1):
+        fake_run(tmp_path / "local_phone", "local", seed, 0.50)
     fake_run(root / "zoo_central_eps4", "pfedes", 0, 0.61, eps=4, devices=zoo, reported=3.9)
     fake_run(root / "zoo_central_eps4", "pfedes", 1, 0.99, eps=4, devices=zoo, rounds=30)  # stopped early
     fake_run(root / "zoo_central_eps4", "pfedes", 2, 0.99, eps=8, devices=zoo)  # another epsilon
@@ -46,7 +49,8 @@ def benches(tmp_path):
 
 def test_it_pairs_each_private_run_with_the_non_private_one_by_seed(benches):
     root, reference, out = benches
-    result = pu.main(["--root", str(root), "--reference", str(reference), "--out", str(out)])
+    result = pu.main(["--root", str(root), "--reference", str(reference), "--out", str(out),
+                      "--local-phone", str(root.parent / "local_phone")])
     phone = result["panels"][0]["methods"]
     assert phone["fedavg"]["inf"]["accuracy"]["mean"] == pytest.approx(0.60)
     assert phone["fedavg"]["8"]["vs_nonprivate"]["mean"] == pytest.approx(-0.10)
@@ -64,7 +68,10 @@ def test_it_pairs_each_private_run_with_the_non_private_one_by_seed(benches):
     local = result["panels"][2]["methods"]  # its non-private runs are the same as the central panel's
     assert local["pfedes"]["inf"]["accuracy"] == phone["pfedes"]["inf"]["accuracy"]
     assert all(m[e]["status"] == "not run" for m in local.values() for e in ("8", "4", "1"))
+    assert result["panels"][0]["local_only"]["seeds"] == [0, 1]  # Local-only beside every panel
+    assert result["panels"][1]["local_only"]["accuracy"]["mean"] == pytest.approx(0.61)
     table = (out / "privacy_utility.md").read_text()
+    assert "Local-only (shares nothing, so no privacy cost): 50.0 ± 0.0, seeds [0, 1]" in table
     assert "| fedavg | 60.0 ± 2.0 | 50.0 ± 2.0 (-10.0 ± 0.0), ε 7.90 | not run | not run |" in table
     assert "seeds [0]" in table and "ε = 8: +6.0 ± 2.0" in table
     assert json.loads((out / "privacy_utility.json").read_text())["benchmark"] == "privacy_utility"
@@ -73,8 +80,9 @@ def test_it_pairs_each_private_run_with_the_non_private_one_by_seed(benches):
 
 def test_with_no_run_at_all_every_cell_says_not_run(tmp_path):
     result = pu.main(["--root", str(tmp_path / "none"), "--reference", str(tmp_path / "none"),
-                      "--out", str(tmp_path / "out")])
+                      "--local-phone", str(tmp_path / "none"), "--out", str(tmp_path / "out")])
     cells = [c for p in result["panels"] for m in p["methods"].values() for c in m.values()]
     assert cells and all(c["status"] == "not run" and c["accuracy"] is None for c in cells)
     assert all(p["loss_difference"] is None for p in result["panels"])
+    assert all(p["local_only"]["accuracy"] is None for p in result["panels"])
     assert "not run" in (tmp_path / "out" / "privacy_utility.md").read_text()
