@@ -48,6 +48,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import ROOT as REPO  # noqa: E402
 from _common import RESULTS, paired, pct, stat, write_result  # noqa: E402
 
 NAME = "privacy_utility"
@@ -135,7 +136,8 @@ def local_only(directory: Path, setting: str) -> dict:
     costs it nothing: the floor a private method should stay above)."""
     runs = {seed: read_run(directory, "local", seed, setting, "central", math.inf) for seed in SEEDS}
     acc = {seed: r["acc"] for seed, r in runs.items() if "missing" not in r}
-    return {"bench": str(directory), "seeds": sorted(acc), "accuracy": stat(list(acc.values())) if acc else None}
+    shown = directory.relative_to(REPO) if directory.is_relative_to(REPO) else directory
+    return {"bench": str(shown), "seeds": sorted(acc), "accuracy": stat(list(acc.values())) if acc else None}
 
 
 def collect(root: Path, reference: Path, local_phone: Path = LOCAL_PHONE) -> list[dict]:
