@@ -65,6 +65,11 @@ PANELS = [("one architecture (phone), central DP", "phone", "central", ("fedavg"
           ("one architecture (phone), local DP", "phone", "local", ("fedavg", "pfedes"))]
 
 
+def shown(path: Path) -> str:
+    """A path as the results show it: relative to the repository where it is inside it."""
+    return str(path.relative_to(REPO) if path.is_relative_to(REPO) else path)
+
+
 def eps_name(eps: float) -> str:
     return "inf" if math.isinf(eps) else f"{eps:g}"
 
@@ -99,13 +104,13 @@ def read_run(directory: Path, strategy: str, seed: int, setting: str, mode: str,
     """{"acc", "worst", "epsilon"} of a finished run, or {"missing": why}."""
     run = directory / strategy / f"seed{seed}"
     if not (run / "summary.json").is_file():
-        return {"missing": f"not run ({run} has no summary.json)"}
+        return {"missing": f"not run ({shown(run)} has no summary.json)"}
     summary = json.loads((run / "summary.json").read_text())
     if int(summary.get("rounds", 0)) != ROUNDS:
-        return {"missing": f"{run} ran {summary.get('rounds')} rounds, not {ROUNDS}"}
+        return {"missing": f"{shown(run)} ran {summary.get('rounds')} rounds, not {ROUNDS}"}
     problem = settings_problem(summary.get("config") or {}, setting, mode, eps)
     if problem:
-        return {"missing": f"{run}: {problem}"}
+        return {"missing": f"{shown(run)}: {problem}"}
     epsilon = summary.get("dp_epsilon")
     metrics = run / "metrics.jsonl"
     if metrics.is_file():  # the accountant's figure of the last round
@@ -124,7 +129,7 @@ def read_cell(root: Path, reference: Path, setting: str, mode: str, strategy: st
         for directory in bench_dirs(root, reference, setting, mode, eps):
             got = read_run(directory, strategy, seed, setting, mode, eps)
             if "missing" not in got:
-                runs[seed] = {**got, "bench": str(directory)}
+                runs[seed] = {**got, "bench": shown(directory)}
                 missing.pop(seed, None)
                 break
             missing.setdefault(seed, got["missing"])
@@ -136,8 +141,7 @@ def local_only(directory: Path, setting: str) -> dict:
     costs it nothing: the floor a private method should stay above)."""
     runs = {seed: read_run(directory, "local", seed, setting, "central", math.inf) for seed in SEEDS}
     acc = {seed: r["acc"] for seed, r in runs.items() if "missing" not in r}
-    shown = directory.relative_to(REPO) if directory.is_relative_to(REPO) else directory
-    return {"bench": str(shown), "seeds": sorted(acc), "accuracy": stat(list(acc.values())) if acc else None}
+    return {"bench": shown(directory), "seeds": sorted(acc), "accuracy": stat(list(acc.values())) if acc else None}
 
 
 def collect(root: Path, reference: Path, local_phone: Path = LOCAL_PHONE) -> list[dict]:
