@@ -48,7 +48,7 @@ def validation_probe(cfg: dict, shared: dict) -> dict[str, float]:
     from pfedes.data import to_input
     from pfedes.methods import method_of
     from pfedes.models import resolve_architecture
-    from pfedes.proxy_monitor import feature_std, linear_probe
+    from pfedes.proxy_monitor import feature_std, linear_probe, shared_features
 
     n = int(cfg["num_clients"])
     parts = [load_node_data(cfg, cfg["data"]["path"], p, n) for p in range(n)]
@@ -60,11 +60,9 @@ def validation_probe(cfg: dict, shared: dict) -> dict[str, float]:
     arch = resolve_architecture(cfg["clients"]["devices"][0], cfg["model"]["profiles"])
     trainer = trainer_cls(cfg, arch, num_classes, seed=int(cfg["seed"]), image=image)
 
-    @torch.no_grad()
     def features(arrays: dict[str, torch.Tensor]) -> torch.Tensor:
         trainer.load_shared(arrays)
-        trainer.exchange.eval()
-        return torch.cat([trainer.shared_features(x[i:i + 500]) for i in range(0, len(x), 500)])
+        return shared_features(trainer, x)
 
     initial = trainer_cls.initial_shared(cfg, arch, num_classes, image)
     final = features({k: torch.from_numpy(v.copy()) for k, v in shared.items()})

@@ -56,6 +56,13 @@ def linear_probe(features: torch.Tensor, labels: torch.Tensor, num_classes: int,
         return float(((test_x @ weight + bias).argmax(1) == labels[half:]).float().mean())
 
 
+@torch.no_grad()
+def shared_features(trainer, x: torch.Tensor) -> torch.Tensor:
+    """The trainer's shared extractor's features of model inputs `x`, in eval mode, 500 at a time."""
+    trainer.exchange.eval()
+    return torch.cat([trainer.shared_features(x[i:i + 500]) for i in range(0, len(x), 500)])
+
+
 class ProxyMonitor:
     def __init__(self, cfg: dict[str, Any], trainer, num_classes: int) -> None:
         """`trainer`: a server-side trainer of the method, holding the initial shared entries."""
@@ -69,10 +76,8 @@ class ProxyMonitor:
         self.warned = False
         self.fresh_probe = linear_probe(self._features(), self.y, num_classes)
 
-    @torch.no_grad()
     def _features(self) -> torch.Tensor:
-        self.trainer.exchange.eval()
-        return torch.cat([self.trainer.shared_features(self.x[i:i + 500]) for i in range(0, len(self.x), 500)])
+        return shared_features(self.trainer, self.x)
 
     def __call__(self, server_round: int, arrays: dict[str, torch.Tensor]) -> dict[str, Any]:
         """The round's diagnostics for the aggregated shared entries `arrays`."""
