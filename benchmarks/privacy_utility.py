@@ -2,6 +2,10 @@
 privacy), 8, 4 and 1 (delta 1e-5), pFedES and FedAvg, 3 seeds, each private run paired by seed
 with the non-private one.
 
+`pfedes_validated` is pFedES whose clients pick their ensemble's weights on their validation
+splits (strategy.ensemble_weight: validated), so that a client can fall back on its private model
+when the noised shared branch is worse.
+
 FedAvg needs one architecture (pfedes-bench skips it on the zoo), so the two are compared where
 both run: every client a phone (CNN3). There FedAvg shares the whole CNN3 (321,290 entries) and
 pFedES its proxy and shared classifier (33,306). pFedES is also run on the reference
@@ -21,9 +25,9 @@ noise):
       data.path=../shared/data/cifar10 data.samples_per_client=500 data.val_fraction=0.15"
     DP="privacy.delta=1e-5 privacy.clipping=per_model"
     OUT=benchmarks/results/privacy_utility
-    pfedes-bench strategies=[fedavg,pfedes] clients.devices=[phone] $COMMON out_dir=$OUT/phone_epsinf
+    pfedes-bench strategies=[fedavg,pfedes,pfedes_validated] clients.devices=[phone] $COMMON out_dir=$OUT/phone_epsinf
     for eps in 8 4 1; do
-      pfedes-bench strategies=[fedavg,pfedes] clients.devices=[phone] $COMMON $DP \\
+      pfedes-bench strategies=[fedavg,pfedes,pfedes_validated] clients.devices=[phone] $COMMON $DP \\
         privacy.target_epsilon=$eps out_dir=$OUT/phone_central_eps$eps
       pfedes-bench strategies=[pfedes] $COMMON $DP privacy.target_epsilon=$eps out_dir=$OUT/zoo_central_eps$eps
     done
@@ -60,7 +64,7 @@ SEEDS = (0, 1, 2)
 DELTA = 1e-5
 EPSILONS = (math.inf, 8.0, 4.0, 1.0)
 # (panel, setting, privacy mode, strategies)
-PANELS = [("one architecture (phone), central DP", "phone", "central", ("fedavg", "pfedes")),
+PANELS = [("one architecture (phone), central DP", "phone", "central", ("fedavg", "pfedes", "pfedes_validated")),
           ("zoo (phone, gateway, GPU host), central DP", "zoo", "central", ("pfedes",)),
           ("one architecture (phone), local DP", "phone", "local", ("fedavg", "pfedes"))]
 
@@ -166,13 +170,13 @@ def collect(root: Path, reference: Path, local_phone: Path = LOCAL_PHONE) -> lis
                     "vs_nonprivate": None if math.isinf(eps) else paired(acc, base),
                     "missing": cell["missing"],
                 }
-        gaps = {}
-        if len(strategies) == 2:  # how much more the second method loses than the first, paired by seed
-            first, second = strategies
+        gaps = {}  # how much more each later method loses than the first, paired by seed
+        first = strategies[0]
+        for second in strategies[1:]:
             for eps in EPSILONS[1:]:
                 a, b = methods[first][eps_name(eps)]["vs_nonprivate"], methods[second][eps_name(eps)]["vs_nonprivate"]
                 if a and b:
-                    gaps[eps_name(eps)] = paired(b["by_seed"], a["by_seed"])
+                    gaps.setdefault(second, {})[eps_name(eps)] = paired(b["by_seed"], a["by_seed"])
         panels.append({"panel": title, "setting": setting, "mode": mode, "methods": methods,
                        "loss_difference": gaps or None,
                        "local_only": local_only(local_phone if setting == "phone" else reference, setting)})
@@ -202,10 +206,10 @@ def markdown(panels: list[dict]) -> str:
                     text += f", seeds {cell['seeds']}"
                 row.append(text)
             lines.append(f"| {strategy} | " + " | ".join(row) + " |")
-        if panel["loss_difference"]:
-            first, second = list(panel["methods"])
+        first = next(iter(panel["methods"]))
+        for second, gaps in (panel["loss_difference"] or {}).items():
             lines += ["", f"{second}'s change minus {first}'s (points, paired by seed; > 0: {second} loses less): "
-                      + ", ".join(f"ε = {e}: {pct(v, True)}" for e, v in panel["loss_difference"].items())]
+                      + ", ".join(f"ε = {e}: {pct(v, True)}" for e, v in gaps.items())]
         local = panel["local_only"]
         lines += ["", "Local-only (shares nothing, so no privacy cost): "
                   + (f"{pct(local['accuracy'])}, seeds {local['seeds']} ({local['bench']})" if local["accuracy"]

@@ -235,9 +235,12 @@ def validate(cfg: dict[str, Any]) -> None:
         Robustness.from_cfg(cfg)
         Privacy.from_cfg(cfg)
         Selection.from_cfg(cfg)
-        settings_of(cfg)  # the method's typed settings (pfedes/methods/)
+        settings = settings_of(cfg)  # the method's typed settings (pfedes/methods/)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+    reads_val = settings.needs_validation_split
+    need(reads_val is None or val > 0,
+         f"strategy.{reads_val} needs a validation split: set data.val_fraction > 0")
     if cfg.get("logging", {}).get("tensorboard"):
         from .tensorboard_log import available
 

@@ -11,11 +11,12 @@ from torch.nn import functional as F
 from conftest import make_cfg
 from pfedes.proxy_monitor import ProxyMonitor, feature_std, linear_probe
 from pfedes.trainers.alignment import align_loss, anti_collapse, covariance_penalty, variance_hinge
-from pfedes.trainers.pfedes import LabelPrior, PFedESTrainer, mutual_distillation
+from pfedes.trainers.pfedes import LabelPrior, PFedESTrainer, best_weight, mutual_distillation
 
 
-def trainer(arch="cnn3", **over):
-    cfg = make_cfg("strategy=pfedes_seed", *(f"++strategy.{k}={v}" for k, v in over.items()))
+def trainer(arch="cnn3", *extra, **over):
+    """The seed form with `over` as its settings; `extra`: other overrides."""
+    cfg = make_cfg("strategy=pfedes_seed", *extra, *(f"++strategy.{k}={v}" for k, v in over.items()))
     t = PFedESTrainer(cfg, arch, num_classes=10, seed=0)
     t.begin_round()
     return t
@@ -149,6 +150,8 @@ def test_normalised_proxies_share_the_same_keys_on_every_architecture(norm):
     ("proxy_width", 0, "strategy.proxy_width must be >= 1"),
     ("proxy_classifier", "frozen", "strategy.proxy_classifier 'frozen' is unknown"),
     ("proxy_classifier", "fixed", "strategy.proxy_classifier 'fixed' needs a shared classifier"),
+    ("ensemble_weight", "learned", "strategy.ensemble_weight 'learned' is unknown"),
+    ("ensemble_weight", "validated", "strategy.ensemble_weight 'validated' needs fusion: ensemble"),
 ])
 def test_a_bad_setting_is_named(setting, value, message):
     with pytest.raises(ValueError, match=message):
@@ -317,3 +320,53 @@ def test_the_proxy_with_its_shared_classifier_is_scored_as_a_global_model():
         torch.testing.assert_close(default.global_predict(x), default.proxy.classify(default.proxy(x)))
     assert not trainer().has_global_model  # the seed form shares a feature extractor only
     assert not PFedESTrainer(make_cfg("strategy=pfedes_ensemble"), "cnn3", 10, seed=0).has_global_model
+
+
+def test_best_weight_is_the_mixture_right_most_often_and_ties_go_to_the_even_one():
+    labels = torch.tensor([0, 0, 1])
+    right = torch.tensor([[0.6, 0.4], [0.6, 0.4], [0.4, 0.6]])  # right, unsure
+    wrong = torch.tensor([[0.05, 0.95], [0.05, 0.95], [0.95, 0.05]])  # wrong, sure
+    assert best_weight(right, wrong, labels) == 1.0  # a sure, wrong shared branch: private only
+    assert best_weight(wrong, right, labels) == 0.0
+    assert best_weight(right, right, labels) == 0.5  # every weight is right: the even mixture
+    # private confident on sample 0 only, shared on samples 1 and 2: the even mixture gets all three
+    p = torch.tensor([[0.99, 0.01], [0.4, 0.6], [0.6, 0.4]])
+    q = torch.tensor([[0.3, 0.7], [0.95, 0.05], [0.05, 0.95]])
+    assert best_weight(p, q, labels) == 0.5
+
+
+def test_a_validated_ensemble_weight_is_picked_on_validation_used_and_kept_private():
+    from pfedes.data import load_client_data
+
+    data = load_client_data("embedded", "pathological", 3, 0, 0, 2, 0.3, 120, 0.2, None, 0.2)
+    validated = dict(fusion="ensemble", proxy_norm="group", proxy_head="shared", predict_with="received",
+                     proxy_align_weight=0, lam=0, ensemble_weight="validated")
+    t = trainer("cnn3", "data.val_fraction=0.2", warmup_steps=0, **validated)
+    # a shared branch that is always wrong on this client: its classifier says an absent class
+    with torch.no_grad():
+        t.proxy.classifier.weight.zero_()
+        t.proxy.classifier.bias.copy_(torch.arange(10.0) * 0 - 100)
+        absent = next(c for c in range(10) if c not in set(data.y_train.tolist()))
+        t.proxy.classifier.bias[absent] = 100.0
+    t.begin_round()
+    metrics = t.fit(data, torch.Generator().manual_seed(0))
+    assert metrics["ensemble_weight"] == 1.0 == float(t.private["ensemble_weight"].value)
+    t.exchange.eval()
+    t.private.eval()
+    x = torch.randn(4, 3, 32, 32)
+    with torch.no_grad():  # the prediction is the private model's alone
+        torch.testing.assert_close(t.predict(x).exp(), F.softmax(t.model.head(t.model.backbone(x)), 1))
+    assert "ensemble_weight.value" in t.state_dict()["private"]  # persisted with the client
+    assert not any("ensemble_weight" in k for k in t.shared_state())  # never sent
+    restarted = trainer("cnn3", "data.val_fraction=0.2", **validated)
+    restarted.load_state_dict(t.state_dict())
+    assert float(restarted.private["ensemble_weight"].value) == 1.0
+
+
+def test_a_validated_ensemble_weight_needs_a_validation_split():
+    from pfedes.config import ConfigError, experiment_config
+
+    with pytest.raises(ConfigError, match=r"strategy.ensemble_weight=validated needs a validation split: "
+                                          r"set data.val_fraction > 0"):
+        experiment_config(["strategy=pfedes", "strategy.ensemble_weight=validated"])
+    experiment_config(["strategy=pfedes", "strategy.ensemble_weight=validated", "data.val_fraction=0.15"])

@@ -58,7 +58,8 @@ def test_it_pairs_each_private_run_with_the_non_private_one_by_seed(benches):
                                                                 2: pytest.approx(-0.06)}
     assert phone["pfedes"]["8"]["epsilon_reported"] == pytest.approx(7.95)  # from metrics.jsonl's last round
     # pFedES loses 0.04 on average where FedAvg loses 0.10: +0.06 in pFedES's favour
-    assert result["panels"][0]["loss_difference"]["8"]["mean"] == pytest.approx(0.06)
+    assert result["panels"][0]["loss_difference"]["pfedes"]["8"]["mean"] == pytest.approx(0.06)
+    assert "pfedes_validated" not in result["panels"][0]["loss_difference"]  # not run: no difference
     zoo = result["panels"][1]["methods"]["pfedes"]
     assert zoo["inf"]["seeds"] == [0, 1, 2] and zoo["inf"]["accuracy"]["mean"] == pytest.approx(0.70)  # the reference's
     assert zoo["4"]["seeds"] == [0] and zoo["4"]["vs_nonprivate"]["by_seed"] == {0: pytest.approx(-0.09)}

@@ -93,6 +93,12 @@ class Settings:
         if self.lr is not None:
             at_least("lr", self.lr, 0, strict=True)
 
+    @property
+    def needs_validation_split(self) -> str | None:
+        """The setting (as `key=value`) that reads each client's validation split, if one does:
+        config.validate then requires data.val_fraction > 0."""
+        return None
+
     @classmethod
     def from_section(cls, section: Mapping[str, Any], method: str) -> Settings:
         """The settings of a run's `strategy` section (its `name` and `method` aside)."""

@@ -12,7 +12,7 @@ from ..models.proxy import PROXY_NORMS
 from ..strategies.local import LocalOnly
 from ..strategies.pfedes import PFedES
 from ..trainers.alignment import ALIGN_KINDS
-from ..trainers.pfedes import FUSIONS, PREDICT_WITH, PROXY_CLASSIFIERS, PROXY_HEADS, PROXY_SCHEDULES, PFedESTrainer
+from ..trainers.pfedes import ENSEMBLE_WEIGHTINGS, FUSIONS, PREDICT_WITH, PROXY_CLASSIFIERS, PROXY_HEADS, PROXY_SCHEDULES, PFedESTrainer
 from .base import MomentumSettings, at_least, fail, one_of, register
 
 
@@ -38,6 +38,7 @@ class PFedESSettings(MomentumSettings):
     predict_with: str = "local"     # local | received
     proxy_head: str = "private"     # private | shared
     proxy_classifier: str = "trained"  # trained | fixed (the shared classifier C stays as initialised)
+    ensemble_weight: str = "even"   # even | validated (the private branch's weight, picked on validation)
     proxy_norm: str = "none"        # none | group | batch
     proxy_pool: int = 1
     proxy_width: int = 16
@@ -75,9 +76,17 @@ class PFedESSettings(MomentumSettings):
         one_of("proxy_classifier", self.proxy_classifier, PROXY_CLASSIFIERS)
         if self.proxy_classifier == "fixed" and not (self.proxy_ce_weight or self.proxy_head == "shared"):
             fail("proxy_classifier", "'fixed' needs a shared classifier (proxy_head: shared or proxy_ce_weight > 0)")
+        one_of("ensemble_weight", self.ensemble_weight, ENSEMBLE_WEIGHTINGS)
+        if self.ensemble_weight == "validated" and self.fusion != "ensemble":
+            fail("ensemble_weight", f"'validated' needs fusion: ensemble, got fusion '{self.fusion}'")
         one_of("proxy_norm", self.proxy_norm, PROXY_NORMS)
         at_least("proxy_pool", self.proxy_pool, 1)
         at_least("proxy_width", self.proxy_width, 1)
+
+
+    @property
+    def needs_validation_split(self) -> str | None:
+        return "ensemble_weight=validated" if self.ensemble_weight == "validated" else None
 
 
 PFEDES = register("pfedes", strategy=PFedES, trainer=PFedESTrainer, share=["proxy-only"], settings=PFedESSettings)

@@ -49,6 +49,13 @@ clients that see different classes no longer pull C apart and move the features 
   joint pass and `proxy_head_epochs` more passes), then E_proxy learns with G_k fixed for
   `proxy_epochs` passes.
 
+`ensemble_weight` says how the ensemble weighs its branches: `even`, 0.5 each, or `validated`:
+after each round's training the client picks the private branch's weight w from
+ENSEMBLE_WEIGHTS by the mixture's accuracy on its own validation split (ties go to the weight
+nearest 0.5), and predicts w p_private + (1 - w) p_shared until the next round. A client whose
+shared branch is worse than its private model (noised by central DP, say) then falls back on
+its private model; w is private state.
+
 `predict_with` says which proxy the personal prediction uses: `local`, the proxy as this client's
 passes left it, or `received`, the proxy as the server sent it this round (kept as private state
 for the evaluation): what the federation learnt, not this client's last passes over its own data.
@@ -76,6 +83,25 @@ PROXY_SCHEDULES = ("joint", "rep")
 PROXY_HEADS = ("private", "shared")
 PREDICT_WITH = ("local", "received")
 PROXY_CLASSIFIERS = ("trained", "fixed")
+ENSEMBLE_WEIGHTINGS = ("even", "validated")
+ENSEMBLE_WEIGHTS = (0.0, 0.25, 0.5, 0.75, 1.0)  # the private branch's weights `validated` picks from
+
+
+class BranchWeight(nn.Module):
+    """The ensemble's weight on the private branch (a buffer, so it persists with the client)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("value", torch.tensor(0.5))
+
+
+def best_weight(p_private: torch.Tensor, p_shared: torch.Tensor, labels: torch.Tensor) -> float:
+    """The weight in ENSEMBLE_WEIGHTS whose mixture of the two branches' probabilities is right
+    most often on `labels`; ties go to the weight nearest 0.5 (the even mixture)."""
+    def correct(w: float) -> int:
+        return int(((w * p_private + (1 - w) * p_shared).argmax(1) == labels).sum())
+
+    return max(ENSEMBLE_WEIGHTS, key=lambda w: (correct(w), -abs(w - 0.5)))
 
 
 class LabelPrior(nn.Module):
@@ -131,6 +157,8 @@ class PFedESTrainer(Trainer):
             self.private["proxy_head"] = nn.Linear(d, num_classes)
         elif self.fusion == "ensemble":
             self.private["label_prior"] = LabelPrior(num_classes)
+        if s.ensemble_weight == "validated":
+            self.private["ensemble_weight"] = BranchWeight()
         if self.predict_with_received:  # the proxy as received this round
             self.private["received_proxy"] = copy.deepcopy(self.proxy).requires_grad_(False)
 
@@ -150,7 +178,28 @@ class PFedESTrainer(Trainer):
     def fit(self, data, generator: torch.Generator) -> dict[str, float]:
         if "label_prior" in self.private:
             self.private["label_prior"].fit_to(data.y_train)
-        return super().fit(data, generator)
+        metrics = super().fit(data, generator)
+        if "ensemble_weight" in self.private:
+            metrics["ensemble_weight"] = self.choose_ensemble_weight(data)
+        return metrics
+
+    @torch.no_grad()
+    def choose_ensemble_weight(self, data) -> float:
+        """`validated`: the private branch's weight, picked on the validation split (kept at its
+        last value when the split is empty)."""
+        weight = self.private["ensemble_weight"].value
+        if data.y_val is None or not len(data.y_val):
+            return float(weight)
+        self.exchange.eval()
+        self.private.eval()
+        proxy, parts = self.prediction_proxy, []
+        for x, _ in self.batches(data.x_val, data.y_val, 256, None, train=False, do_augment=False):
+            with self.placement.autocast():
+                _, branches = self._personal_logits(self.model.backbone(x), proxy(x), proxy)
+            parts.append([F.softmax(b.float(), 1).cpu() for b in branches])
+        p_private, p_shared = (torch.cat(p) for p in zip(*parts))
+        weight.fill_(best_weight(p_private, p_shared, data.y_val))
+        return float(weight)
 
     def branch_logits(self, e_proxy: torch.Tensor, proxy: ProxyExtractor | None = None) -> torch.Tensor:
         """The ensemble's shared branch on the features of `proxy` (default: the local one; see
@@ -241,8 +290,13 @@ class PFedESTrainer(Trainer):
         logits = self.model.head(z)
         if self.fusion == "ensemble":
             proxy_logits = self.branch_logits(e_proxy, proxy)
-            mixed = torch.logsumexp(torch.stack([F.log_softmax(logits, 1), F.log_softmax(proxy_logits, 1)]),
-                                    dim=0) - math.log(2.0)
+            if "ensemble_weight" in self.private:  # log(w p_private + (1 - w) p_shared)
+                w = self.private["ensemble_weight"].value
+                mixed = torch.logsumexp(torch.stack([F.log_softmax(logits, 1) + w.log(),
+                                                     F.log_softmax(proxy_logits, 1) + (1 - w).log()]), dim=0)
+            else:
+                mixed = torch.logsumexp(torch.stack([F.log_softmax(logits, 1), F.log_softmax(proxy_logits, 1)]),
+                                        dim=0) - math.log(2.0)
             return mixed, (logits, proxy_logits)
         return logits, None
 
