@@ -23,7 +23,9 @@ def round_record(server_round: int, stats: dict[str, Any], seconds: float,
     for e in evals:
         by_device.setdefault(e["device"], []).append(e["accuracy"])
     train = stats.get("train", {})
-    trained = max(int(stats.get("clients_trained", 0)), 1)
+    # per client asked to train: a client that replied badly or not at all was still sent its
+    # arrays, and a round in which every reply was dropped still cost what it sent
+    asked = max(int(stats.get("clients_asked", stats.get("clients_trained", 0))), 1)
     record = {
         "round": server_round,
         "acc_mean": float(np.mean(accs)) if accs else None,
@@ -36,12 +38,13 @@ def round_record(server_round: int, stats: dict[str, Any], seconds: float,
         "projection_std": train.get("projection_std"),
         "train_metrics": dict(train),  # every aggregated train metric of the method
         "server_metrics": dict(stats.get("server", {})),  # what the strategy itself computed (e.g. CFL)
+        "clients_asked": int(stats.get("clients_asked", 0)),
         "clients_trained": int(stats.get("clients_trained", 0)),
         "clients_dropped": int(stats.get("clients_dropped", 0)),
         "bytes_up": int(stats.get("bytes_up", 0)),
         "bytes_down": int(stats.get("bytes_down", 0)),
-        "bytes_up_per_client": int(stats.get("bytes_up", 0)) // trained,
-        "bytes_down_per_client": int(stats.get("bytes_down", 0)) // trained,
+        "bytes_up_per_client": int(stats.get("bytes_up", 0)) // asked,
+        "bytes_down_per_client": int(stats.get("bytes_down", 0)) // asked,
         "seconds": seconds,
     }
     if global_metrics:

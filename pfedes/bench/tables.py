@@ -227,7 +227,7 @@ def write_markdown(path: Path, settings: dict[str, Any], strategies: list[str], 
         f"mean of the last {LAST_ROUNDS} rounds; ± is the standard deviation over seeds (none with one seed). Worst client: the "
         "lowest client accuracy of a round, same averaging. Gains are paired by seed. Global accuracy: the "
         "shared model on the unified test set, only for methods that have one. Bytes: array payload per "
-        "trained client and round, training and evaluation messages together. A method that does not beat "
+        "client asked to train, per round, training and evaluation messages together. A method that does not beat "
         "Local-only is reported as losing; one that beats it by less than 1.5 points on average is reported as level (within seed noise).", "",
         results_table(strategies, runs), "",
     ]

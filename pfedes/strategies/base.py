@@ -158,7 +158,7 @@ class PersonalizedStrategy(FedAvg):
 
     # -- bookkeeping -----------------------------------------------------------------------
     def reset_round_stats(self) -> None:
-        self.round_stats = {"bytes_up": 0, "bytes_down": 0, "clients_trained": 0,
+        self.round_stats = {"bytes_up": 0, "bytes_down": 0, "clients_asked": 0, "clients_trained": 0,
                             "clients_dropped": 0, "train": {}, "eval": []}
 
     def pop_round_stats(self) -> dict[str, Any]:
@@ -182,6 +182,7 @@ class PersonalizedStrategy(FedAvg):
             messages = list(self._construct_messages(record, nodes, MessageType.TRAIN))
             log(INFO, "configure_train: selected %d nodes by %s", len(nodes), self.selection.mode)
         self.round_stats["bytes_down"] += arrays_nbytes(sent) * len(messages)
+        self.round_stats["clients_asked"] = len(messages)
         return messages
 
     def select_nodes(self, grid: Grid) -> list[int]:
