@@ -11,7 +11,7 @@ from torch.nn import functional as F
 from conftest import make_cfg
 from pfedes.proxy_monitor import ProxyMonitor, feature_std, linear_probe
 from pfedes.trainers.alignment import align_loss, anti_collapse, covariance_penalty, variance_hinge
-from pfedes.trainers.pfedes import LabelPrior, PFedESTrainer, best_weight, mutual_distillation
+from pfedes.trainers.pfedes import LabelPrior, PFedESTrainer, best_weight, mixture, mutual_distillation
 
 
 def trainer(arch="cnn3", *extra, **over):
@@ -324,15 +324,25 @@ def test_the_proxy_with_its_shared_classifier_is_scored_as_a_global_model():
 
 def test_best_weight_is_the_mixture_right_most_often_and_ties_go_to_the_even_one():
     labels = torch.tensor([0, 0, 1])
-    right = torch.tensor([[0.6, 0.4], [0.6, 0.4], [0.4, 0.6]])  # right, unsure
-    wrong = torch.tensor([[0.05, 0.95], [0.05, 0.95], [0.95, 0.05]])  # wrong, sure
+    right = torch.tensor([[0.6, 0.4], [0.6, 0.4], [0.4, 0.6]]).log()  # logits: right, unsure
+    wrong = torch.tensor([[0.05, 0.95], [0.05, 0.95], [0.95, 0.05]]).log()  # wrong, sure
     assert best_weight(right, wrong, labels) == 1.0  # a sure, wrong shared branch: private only
     assert best_weight(wrong, right, labels) == 0.0
     assert best_weight(right, right, labels) == 0.5  # every weight is right: the even mixture
     # private confident on sample 0 only, shared on samples 1 and 2: the even mixture gets all three
-    p = torch.tensor([[0.99, 0.01], [0.4, 0.6], [0.6, 0.4]])
-    q = torch.tensor([[0.3, 0.7], [0.95, 0.05], [0.05, 0.95]])
+    p = torch.tensor([[0.99, 0.01], [0.4, 0.6], [0.6, 0.4]]).log()
+    q = torch.tensor([[0.3, 0.7], [0.95, 0.05], [0.05, 0.95]]).log()
     assert best_weight(p, q, labels) == 0.5
+
+
+def test_the_mixture_weighs_the_branches_and_ignores_a_shared_branch_that_is_not_finite():
+    p, q = torch.tensor([[0.8, 0.2], [0.3, 0.7]]), torch.tensor([[0.2, 0.8], [0.5, 0.5]])
+    torch.testing.assert_close(mixture(p.log(), q.log(), 0.25).exp(), 0.25 * p + 0.75 * q)
+    torch.testing.assert_close(mixture(p.log(), q.log(), 1.0).exp(), p)
+    broken = torch.tensor([[float("nan"), 1.0], [1e3, -1e3]])  # sample 0's shared logits are not finite
+    torch.testing.assert_close(mixture(p.log(), broken, 0.5)[0].exp(), p[0])
+    torch.testing.assert_close(mixture(p.log(), broken, 0.5)[1].exp(), 0.5 * p[1] + 0.5 * torch.tensor([1.0, 0.0]))
+    assert best_weight(p.log(), torch.full((2, 2), float("inf")), torch.tensor([0, 1])) == 0.5  # all private
 
 
 def test_a_validated_ensemble_weight_is_picked_on_validation_used_and_kept_private():

@@ -54,7 +54,8 @@ after each round's training the client picks the private branch's weight w from
 ENSEMBLE_WEIGHTS by the mixture's accuracy on its own validation split (ties go to the weight
 nearest 0.5), and predicts w p_private + (1 - w) p_shared until the next round. A client whose
 shared branch is worse than its private model (noised by central DP, say) then falls back on
-its private model; w is private state.
+its private model; w is private state. With `validated`, a sample on which the shared branch
+gives no finite logits is predicted by the private branch alone.
 
 `predict_with` says which proxy the personal prediction uses: `local`, the proxy as this client's
 passes left it, or `received`, the proxy as the server sent it this round (kept as private state
@@ -95,11 +96,20 @@ class BranchWeight(nn.Module):
         self.register_buffer("value", torch.tensor(0.5))
 
 
-def best_weight(p_private: torch.Tensor, p_shared: torch.Tensor, labels: torch.Tensor) -> float:
-    """The weight in ENSEMBLE_WEIGHTS whose mixture of the two branches' probabilities is right
-    most often on `labels`; ties go to the weight nearest 0.5 (the even mixture)."""
+def mixture(private_logits: torch.Tensor, shared_logits: torch.Tensor, weight) -> torch.Tensor:
+    """log(w softmax(private) + (1 - w) softmax(shared)), w = `weight` in [0, 1]; a sample whose
+    shared logits are not all finite (a proxy broken by noise) gets the private branch's alone."""
+    w = torch.as_tensor(weight, dtype=private_logits.dtype, device=private_logits.device)
+    private = F.log_softmax(private_logits, 1)
+    mixed = torch.logsumexp(torch.stack([private + w.log(), F.log_softmax(shared_logits, 1) + (1 - w).log()]), dim=0)
+    return torch.where(shared_logits.isfinite().all(1, keepdim=True), mixed, private)
+
+
+def best_weight(private_logits: torch.Tensor, shared_logits: torch.Tensor, labels: torch.Tensor) -> float:
+    """The weight in ENSEMBLE_WEIGHTS whose `mixture` of the two branches is right most often on
+    `labels`; ties go to the weight nearest 0.5 (the even mixture)."""
     def correct(w: float) -> int:
-        return int(((w * p_private + (1 - w) * p_shared).argmax(1) == labels).sum())
+        return int((mixture(private_logits, shared_logits, w).argmax(1) == labels).sum())
 
     return max(ENSEMBLE_WEIGHTS, key=lambda w: (correct(w), -abs(w - 0.5)))
 
@@ -196,9 +206,9 @@ class PFedESTrainer(Trainer):
         for x, _ in self.batches(data.x_val, data.y_val, 256, None, train=False, do_augment=False):
             with self.placement.autocast():
                 _, branches = self._personal_logits(self.model.backbone(x), proxy(x), proxy)
-            parts.append([F.softmax(b.float(), 1).cpu() for b in branches])
-        p_private, p_shared = (torch.cat(p) for p in zip(*parts))
-        weight.fill_(best_weight(p_private, p_shared, data.y_val))
+            parts.append([b.float().cpu() for b in branches])
+        private_logits, shared_logits = (torch.cat(p) for p in zip(*parts))
+        weight.fill_(best_weight(private_logits, shared_logits, data.y_val))
         return float(weight)
 
     def branch_logits(self, e_proxy: torch.Tensor, proxy: ProxyExtractor | None = None) -> torch.Tensor:
@@ -290,10 +300,8 @@ class PFedESTrainer(Trainer):
         logits = self.model.head(z)
         if self.fusion == "ensemble":
             proxy_logits = self.branch_logits(e_proxy, proxy)
-            if "ensemble_weight" in self.private:  # log(w p_private + (1 - w) p_shared)
-                w = self.private["ensemble_weight"].value
-                mixed = torch.logsumexp(torch.stack([F.log_softmax(logits, 1) + w.log(),
-                                                     F.log_softmax(proxy_logits, 1) + (1 - w).log()]), dim=0)
+            if "ensemble_weight" in self.private:
+                mixed = mixture(logits, proxy_logits, self.private["ensemble_weight"].value)
             else:
                 mixed = torch.logsumexp(torch.stack([F.log_softmax(logits, 1), F.log_softmax(proxy_logits, 1)]),
                                         dim=0) - math.log(2.0)
