@@ -213,8 +213,12 @@ def train(msg: Message, context: Context) -> Message:
     set_up = tracing.clock()
     arrays = msg.content.array_records.get("arrays", ArrayRecord())
     server_round = int(msg.content["config"].get("server-round", 0))
-    shared, metrics = train_round(trainer, arrays.to_torch_state_dict(), data, cfg,
-                                  node.partition_id, server_round)
+    try:
+        shared, metrics = train_round(trainer, arrays.to_torch_state_dict(), data, cfg,
+                                      node.partition_id, server_round)
+    except Exception:  # the live trainer is half-updated (diverged, say): the next message reloads
+        STORE.forget(node.state_file, cfg.get("run_token", ""))
+        raise
     reply_arrays = encode_upload(Codec.from_cfg(cfg), trainer, shared, arrays)
     version += 1
     STORE.save(node.state_file, trainer, version, cfg.get("run_token", ""))

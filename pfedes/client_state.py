@@ -106,6 +106,12 @@ class StateStore:
                           path)
         self._remember((str(path), run_token), version, trainer)
 
+    def forget(self, path: Path, run_token: str = "") -> None:
+        """Drop the live trainer of `path`: a message that failed after changing it (a training
+        that diverged) must not hand its half-updated state to the next message, which then loads
+        the saved state, as a fresh ClientApp process in a deployment does."""
+        self._cache.pop((str(path), run_token), None)
+
     def _remember(self, key: tuple[str, str], version: int, trainer) -> None:
         self._cache[key] = (version, trainer)
         self._cache.move_to_end(key)

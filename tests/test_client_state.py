@@ -48,3 +48,35 @@ def test_a_failed_write_leaves_the_previous_file_intact(tmp_path):
         pass
     assert torch.load(path, weights_only=False) == {"v": 1}
     assert [p.name for p in tmp_path.iterdir()] == ["state.pt"]
+
+
+def test_a_diverged_training_hands_the_next_message_the_saved_state_not_its_own(tmp_path, monkeypatch):
+    """In one process (a simulation's actor) a failed train message must not leave its half-updated
+    trainer in the cache: the next message gets the saved state, as a new deployed process would."""
+    import pytest
+    from test_devices import node_context, node_message, small_node_cfg
+
+    from pfedes import client_app
+    from pfedes.client_state import state_digest
+    from pfedes.methods import method_of
+    from pfedes.trainers.base import Trainer
+
+    cfg = small_node_cfg(tmp_path, "strategy=local")
+    context = node_context("phone", tmp_path)
+    assert not client_app.train(node_message(cfg), context).has_error()
+    saved, = (tmp_path / "state").glob("local-p*.pt")
+    on_disk = torch.load(saved, weights_only=False)
+
+    def diverge(self, x, y):  # a step that breaks the weights and reports a non-finite loss
+        with torch.no_grad():
+            for p in self.model.parameters():
+                p.fill_(float("nan"))
+        return {"train_loss": float("nan")}
+
+    monkeypatch.setattr(Trainer, "train_step", diverge)
+    with pytest.raises(FloatingPointError, match="local training diverged"):
+        client_app.train(node_message(cfg), context)
+    build = lambda: method_of(cfg).trainer(cfg, "cnn3", 10, seed=0)  # noqa: E731
+    trainer, version = client_app.STORE.get(saved, int(on_disk["version"]), build, cfg.get("run_token", ""))
+    assert version == on_disk["version"]
+    assert state_digest(trainer.state_dict()) == state_digest(on_disk["trainer"])

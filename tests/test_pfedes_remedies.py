@@ -380,3 +380,16 @@ def test_a_validated_ensemble_weight_needs_a_validation_split():
                                           r"set data.val_fraction > 0"):
         experiment_config(["strategy=pfedes", "strategy.ensemble_weight=validated"])
     experiment_config(["strategy=pfedes", "strategy.ensemble_weight=validated", "data.val_fraction=0.15"])
+
+
+def test_a_broken_proxy_does_not_reach_the_private_model_without_alignment(small_data):
+    """With lam = 0 (the default) the alignment is a diagnostic: a proxy whose features are not
+    finite (broken by noise) makes its own loss NaN but leaves the private model's step finite."""
+    t = PFedESTrainer(make_cfg("strategy=pfedes", "strategy.warmup_steps=0"), "cnn3", 10, seed=0)
+    with torch.no_grad():
+        t.proxy.out.weight.fill_(float("inf"))
+    t.begin_round()
+    x, y = small_data.x_train[:8].float() / 255, small_data.y_train[:8]
+    metrics = t.train_step(x, y)
+    assert not math.isfinite(metrics["align_loss"])
+    assert all(torch.isfinite(p).all() for p in t.model.parameters())

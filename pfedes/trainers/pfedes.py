@@ -323,8 +323,9 @@ class PFedESTrainer(Trainer):
             if self.distill_weight:
                 ce = ce + self.distill_weight * mutual_distillation(*parts)
         alignment = self._align(e_local, e_proxy.detach())
-        private_loss = ce + self.lam * alignment + anti_collapse(
-            e_local, self.variance_weight, self.covariance_weight)
+        private_loss = ce + anti_collapse(e_local, self.variance_weight, self.covariance_weight)
+        if self.lam:  # only then: 0 x a non-finite alignment (a proxy broken by noise) is NaN
+            private_loss = private_loss + self.lam * alignment
         metrics = {"train_loss": F.cross_entropy(logits, y).item(), "align_loss": alignment.item(),
                    "projection_std": e_local.detach().std(dim=0).mean().item(),
                    "proxy_batch_std": e_proxy.detach().std(dim=0).mean().item()}
