@@ -83,7 +83,6 @@ class PFedESSettings(MomentumSettings):
         at_least("proxy_pool", self.proxy_pool, 1)
         at_least("proxy_width", self.proxy_width, 1)
 
-
     @property
     def needs_validation_split(self) -> str | None:
         return "ensemble_weight=validated" if self.ensemble_weight == "validated" else None
