@@ -117,10 +117,12 @@ def read_run(directory: Path, strategy: str, seed: int, setting: str, mode: str,
         return {"missing": f"{shown(run)}: {problem}"}
     epsilon = summary.get("dp_epsilon")
     metrics = run / "metrics.jsonl"
-    if metrics.is_file():  # the accountant's figure of the last round
-        lines = [line for line in metrics.read_text().splitlines() if line.strip()]
-        if lines:
-            epsilon = (json.loads(lines[-1]).get("server_metrics") or {}).get("dp_epsilon", epsilon)
+    if metrics.is_file():  # the accountant's figure of the last round that released an aggregate
+        for line in reversed([line for line in metrics.read_text().splitlines() if line.strip()]):
+            reported = (json.loads(line).get("server_metrics") or {}).get("dp_epsilon")
+            if reported is not None:
+                epsilon = reported
+                break
     return {"acc": float(summary["acc_mean_last5"]), "worst": float(summary["acc_worst_last5"]),
             "epsilon": None if epsilon is None else float(epsilon)}
 
