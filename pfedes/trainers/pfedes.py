@@ -302,7 +302,7 @@ class PFedESTrainer(Trainer):
             proxy_logits = self.branch_logits(e_proxy, proxy)
             if "ensemble_weight" in self.private:
                 mixed = mixture(logits, proxy_logits, self.private["ensemble_weight"].value)
-            else:
+            else:  # `even`: written out, not mixture(..., 0.5), so its runs stay bit for bit as committed
                 mixed = torch.logsumexp(torch.stack([F.log_softmax(logits, 1), F.log_softmax(proxy_logits, 1)]),
                                         dim=0) - math.log(2.0)
             return mixed, (logits, proxy_logits)
