@@ -48,6 +48,7 @@ from .image_data import is_hub_name
 from .models import resolve_architecture
 from .privacy import local_dp_mod
 from .strategies.base import CLASSES_KEY, EVAL_IN_TRAIN_KEY, METRICS_KEY
+from .trainers.base import SharedUpdateDiverged
 
 app = ClientApp()
 STORE = StateStore()
@@ -216,6 +217,11 @@ def train(msg: Message, context: Context) -> Message:
     try:
         shared, metrics = train_round(trainer, arrays.to_torch_state_dict(), data, cfg,
                                       node.partition_id, server_round)
+    except SharedUpdateDiverged:  # what the client keeps is sound: save it; no update is sent
+        version += 1
+        STORE.save(node.state_file, trainer, version, cfg.get("run_token", ""))
+        context.state[VERSION_KEY] = ConfigRecord({"version": version})
+        raise
     except Exception:  # the live trainer is half-updated (diverged, say): the next message reloads
         STORE.forget(node.state_file, cfg.get("run_token", ""))
         raise

@@ -80,3 +80,50 @@ def test_a_diverged_training_hands_the_next_message_the_saved_state_not_its_own(
     trainer, version = client_app.STORE.get(saved, int(on_disk["version"]), build, cfg.get("run_token", ""))
     assert version == on_disk["version"]
     assert state_digest(trainer.state_dict()) == state_digest(on_disk["trainer"])
+
+
+def test_a_training_that_diverges_in_the_shared_proxy_only_keeps_the_private_learning(tmp_path, monkeypatch):
+    """A proxy broken by noise makes pFedES's shared branch non-finite while the private model's
+    step stays finite: the client keeps that step (saved, version bumped), predicts with its private
+    branch where the shared one is not finite, and replies with no update. A round that breaks what
+    the client keeps is still dropped whole (the test above)."""
+    import pytest
+    from test_devices import node_context, node_message, small_node_cfg
+
+    from pfedes import client_app
+    from pfedes.methods import method_of
+    from pfedes.trainers.base import SharedUpdateDiverged
+    from pfedes.trainers.pfedes import PFedESTrainer
+
+    cfg = small_node_cfg(tmp_path, "strategy=pfedes", "strategy.warmup_steps=0")
+    context = node_context("phone", tmp_path)
+    initial = method_of(cfg).trainer.initial_shared(cfg, "cnn3", 10)
+    assert not client_app.train(node_message(cfg, initial), context).has_error()
+    saved, = (tmp_path / "state").glob("pfedes-p*.pt")
+    before = torch.load(saved, weights_only=False)
+    broken = {k: torch.full_like(v, float("inf")) if k.endswith("weight") else v for k, v in initial.items()}
+
+    with pytest.raises(SharedUpdateDiverged, match="in the shared entries only"):
+        client_app.train(node_message(cfg, broken), context)
+    after = torch.load(saved, weights_only=False)
+    assert after["version"] == before["version"] + 1
+    private_before, private_after = before["trainer"]["exchange"], after["trainer"]["exchange"]
+    changed = [k for k in private_after if k.startswith("backbone.")
+               and not torch.equal(private_before[k], private_after[k])]
+    assert changed and all(private_after[k].isfinite().all() for k in changed)
+
+    trainer, _ = client_app.STORE.get(saved, int(after["version"]), lambda: None, cfg.get("run_token", ""))
+    x = torch.rand(4, 3, 32, 32)
+    assert torch.equal(trainer.predict(x).argmax(1), trainer.model(x).argmax(1))  # the private branch alone
+
+    def diverge_everywhere(self, x, y):  # the private model breaks as well: nothing is kept
+        with torch.no_grad():
+            for p in self.model.parameters():
+                p.fill_(float("nan"))
+        return {"train_loss": float("nan")}
+
+    monkeypatch.setattr(PFedESTrainer, "train_step", diverge_everywhere)
+    with pytest.raises(FloatingPointError) as raised:
+        client_app.train(node_message(cfg, initial), context)
+    assert not isinstance(raised.value, SharedUpdateDiverged)
+    assert torch.load(saved, weights_only=False)["version"] == after["version"]

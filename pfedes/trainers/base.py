@@ -22,6 +22,12 @@ class SharedStateError(ValueError):
     """The arrays the server sent do not fit this client's shared entries."""
 
 
+class SharedUpdateDiverged(FloatingPointError):
+    """Local training diverged, but only in what is shared (a proxy broken by noise, say):
+    everything the client keeps is finite, so it keeps this round's learning; the round sends no
+    update, and the server's next arrays replace the shared entries."""
+
+
 class Trainer:
     """One client's private state (model, optimizer, step count) and how it learns.
 
@@ -70,6 +76,8 @@ class Trainer:
             # Method modules that never leave the client (a personal model): persisted with the
             # trainer, switched between train and eval mode with the model, never filtered.
             self.private = nn.ModuleDict()
+            # Names of private modules that hold a copy of the server's arrays (replaced each round).
+            self.server_copies: set[str] = set()
             self.build_extra_modules()
         for module in (self.model, self.exchange, self.private):
             module.to(self.device)
@@ -143,8 +151,22 @@ class Trainer:
         self.begin_round()
         metrics = self.train_epochs(data, generator, int(self.cfg["train"]["local_epochs"]))
         if not all(math.isfinite(v) for v in metrics.values()):
+            if self.private_state_is_finite():
+                raise SharedUpdateDiverged(f"local training diverged in the shared entries only (the private "
+                                           f"state is finite and kept): {metrics}")
             raise FloatingPointError(f"local training diverged: {metrics}")
         return metrics
+
+    def private_state_is_finite(self) -> bool:
+        """Whether every floating-point tensor the client keeps (its state but the shared entries
+        and the copies of them in `server_copies`, which the server's next arrays replace; and the
+        optimizer's state) is finite."""
+        shared = set(self._shared_keys)
+        kept = [v for k, v in self.exchange.state_dict().items() if k not in shared]
+        kept += [v for k, v in self.private.state_dict().items() if k.split(".", 1)[0] not in self.server_copies]
+        kept += [v for state in self.optimizer.state_dict()["state"].values() for v in state.values()
+                 if isinstance(v, torch.Tensor)]
+        return all(bool(t.isfinite().all()) for t in kept if t.is_floating_point())
 
     def train_epochs(self, data: ClientData, generator: torch.Generator, epochs: int) -> dict[str, float]:
         """`epochs` passes over the local train split, one `train_step` per batch; the mean

@@ -54,8 +54,10 @@ after each round's training the client picks the private branch's weight w from
 ENSEMBLE_WEIGHTS by the mixture's accuracy on its own validation split (ties go to the weight
 nearest 0.5), and predicts w p_private + (1 - w) p_shared until the next round. A client whose
 shared branch is worse than its private model (noised by central DP, say) then falls back on
-its private model; w is private state. With `validated`, a sample on which the shared branch
-gives no finite logits is predicted by the private branch alone.
+its private model; w is private state. With either weighting, a sample on which the shared
+branch gives no finite logits is predicted by the private branch alone, and a round whose
+training diverges in the shared branch only keeps the private model's learning (and its w) and
+sends no update (`SharedUpdateDiverged`, pfedes/trainers/base.py).
 
 `predict_with` says which proxy the personal prediction uses: `local`, the proxy as this client's
 passes left it, or `received`, the proxy as the server sent it this round (kept as private state
@@ -77,7 +79,7 @@ from torch.nn import functional as F
 from ..models import ProxyExtractor
 from ..optim import LocalSGD
 from .alignment import ALIGN_KINDS, align_loss, anti_collapse
-from .base import Trainer
+from .base import SharedUpdateDiverged, Trainer
 
 FUSIONS = ("none", "concat", "ensemble")
 PROXY_SCHEDULES = ("joint", "rep")
@@ -102,6 +104,11 @@ def mixture(private_logits: torch.Tensor, shared_logits: torch.Tensor, weight) -
     w = torch.as_tensor(weight, dtype=private_logits.dtype, device=private_logits.device)
     private = F.log_softmax(private_logits, 1)
     mixed = torch.logsumexp(torch.stack([private + w.log(), F.log_softmax(shared_logits, 1) + (1 - w).log()]), dim=0)
+    return private_where_shared_broken(mixed, private, shared_logits)
+
+
+def private_where_shared_broken(mixed: torch.Tensor, private: torch.Tensor, shared_logits: torch.Tensor) -> torch.Tensor:
+    """`mixed`, except for a sample whose shared logits are not all finite: `private` there."""
     return torch.where(shared_logits.isfinite().all(1, keepdim=True), mixed, private)
 
 
@@ -171,6 +178,7 @@ class PFedESTrainer(Trainer):
             self.private["ensemble_weight"] = BranchWeight()
         if self.predict_with_received:  # the proxy as received this round
             self.private["received_proxy"] = copy.deepcopy(self.proxy).requires_grad_(False)
+            self.server_copies.add("received_proxy")
 
     def trainable_parameters(self):
         return [p for p in (*self.model.parameters(), *self.private.parameters()) if p.requires_grad]
@@ -188,7 +196,12 @@ class PFedESTrainer(Trainer):
     def fit(self, data, generator: torch.Generator) -> dict[str, float]:
         if "label_prior" in self.private:
             self.private["label_prior"].fit_to(data.y_train)
-        metrics = super().fit(data, generator)
+        try:
+            metrics = super().fit(data, generator)
+        except SharedUpdateDiverged:  # the private model's round is kept: so is the weight it picks
+            if "ensemble_weight" in self.private:
+                self.choose_ensemble_weight(data)
+            raise
         if "ensemble_weight" in self.private:
             metrics["ensemble_weight"] = self.choose_ensemble_weight(data)
         return metrics
@@ -235,11 +248,11 @@ class PFedESTrainer(Trainer):
 
     def _passes(self, data, generator: torch.Generator, epochs: int, step) -> dict[str, float]:
         """`epochs` passes over the train split with `step` in place of `train_step`."""
-        own, self.train_step = self.train_step, step
+        self.train_step = step
         try:
             return super().train_epochs(data, generator, epochs)
         finally:
-            self.train_step = own
+            del self.train_step  # the class's method again
 
     def proxy_head_step(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
         """One step of G_k alone on the proxy's features (`rep`: the proxy as received, fixed)."""
@@ -303,8 +316,9 @@ class PFedESTrainer(Trainer):
             if "ensemble_weight" in self.private:
                 mixed = mixture(logits, proxy_logits, self.private["ensemble_weight"].value)
             else:  # `even`: written out, not mixture(..., 0.5), so its runs stay bit for bit as committed
-                mixed = torch.logsumexp(torch.stack([F.log_softmax(logits, 1), F.log_softmax(proxy_logits, 1)]),
-                                        dim=0) - math.log(2.0)
+                private = F.log_softmax(logits, 1)
+                mixed = private_where_shared_broken(torch.logsumexp(torch.stack(
+                    [private, F.log_softmax(proxy_logits, 1)]), dim=0) - math.log(2.0), private, proxy_logits)
             return mixed, (logits, proxy_logits)
         return logits, None
 
