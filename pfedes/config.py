@@ -232,15 +232,14 @@ def validate(cfg: dict[str, Any]) -> None:
     try:
         Codec.from_cfg(cfg)
         Codec.downlink_from_cfg(cfg)
-        Robustness.from_cfg(cfg)
+        robustness = Robustness.from_cfg(cfg)
         Privacy.from_cfg(cfg)
         Selection.from_cfg(cfg)
         settings = settings_of(cfg)  # the method's typed settings (pfedes/methods/)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    reads_val = settings.needs_validation_split
-    need(reads_val is None or val > 0,
-         f"strategy.{reads_val} needs a validation split: set data.val_fraction > 0")
+    for reads_val in (settings.needs_validation_split, robustness.needs_validation_split):
+        need(reads_val is None or val > 0, f"{reads_val} needs a validation split: set data.val_fraction > 0")
     if cfg.get("logging", {}).get("tensorboard"):
         from .tensorboard_log import available
 

@@ -69,8 +69,6 @@ class Robustness:
         """The run's settings; a bad one raises ValueError naming it."""
         a = Section(cfg, "aggregation")
         weighting = a.choice("weighting", "samples", WEIGHTINGS)
-        if weighting == "val_score" and not float((cfg.get("data") or {}).get("val_fraction", 0.0)) > 0:
-            raise ValueError("aggregation.weighting=val_score needs a validation split: set data.val_fraction > 0")
         return cls(a.choice("rule", "mean", RULES),
                    a.number("trim_fraction", 0.1, "in [0, 0.5)", lambda v: 0 <= v < 0.5),
                    a.integer("num_malicious", 0, 0),
@@ -78,6 +76,12 @@ class Robustness:
                    a.choice("groups", "none", GROUPS), a.choice("group_weighting", "equal", GROUP_WEIGHTING),
                    weighting, a.number("temperature", 0.1, "> 0", lambda v: v > 0),
                    a.number("quality_blend", 0.5, "in [0, 1]", lambda v: 0 <= v <= 1))
+
+    @property
+    def needs_validation_split(self) -> str | None:
+        """The setting that reads each client's validation split, if one does (config.validate
+        then requires data.val_fraction > 0)."""
+        return "aggregation.weighting=val_score" if self.weighting == "val_score" else None
 
     # -- what each reply weighs ---------------------------------------------------------------
     def reply_weights(self, metrics: list[Mapping[str, Any]], samples: list[float]) -> list[float]:

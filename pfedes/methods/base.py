@@ -95,7 +95,7 @@ class Settings:
 
     @property
     def needs_validation_split(self) -> str | None:
-        """The setting (as `key=value`) that reads each client's validation split, if one does:
+        """The setting (as `strategy.key=value`) that reads each client's validation split, if one does:
         config.validate then requires data.val_fraction > 0."""
         return None
 

@@ -85,7 +85,7 @@ class PFedESSettings(MomentumSettings):
 
     @property
     def needs_validation_split(self) -> str | None:
-        return "ensemble_weight=validated" if self.ensemble_weight == "validated" else None
+        return "strategy.ensemble_weight=validated" if self.ensemble_weight == "validated" else None
 
 
 PFEDES = register("pfedes", strategy=PFedES, trainer=PFedESTrainer, share=["proxy-only"], settings=PFedESSettings)
