@@ -40,6 +40,15 @@ momentum on the shared head (0 is LG-FedAvg's plain average; pfedes aggregates w
     for m in 0 0.5 0.9; do pfedes-bench strategies=[lgfedavg] $T ++strategy.server_momentum=$m \
         out_dir=benchmarks/results/tuning/lgfedavg_momentum/m$m; done
 
+FedRep, the one-architecture table's baseline, also has its main setting beside the learning rate
+tuned: the passes of its private head (with the body frozen) before each round's body epoch, at
+the learning rate its grid chose (one architecture, 20 rounds):
+
+    for h in 1 10 5; do pfedes-bench strategies=[fedrep] seeds=[100] clients.devices=[phone] num_rounds=20 \
+        data.partition=dirichlet data.alpha=0.3 data.path=../shared/data/cifar10 data.samples_per_client=500 \
+        data.val_fraction=0.15 num_clients=10 train.lr=0.02 strategy.lr=null ++strategy.head_epochs=$h \
+        out_dir=benchmarks/results/tuning/fedrep_head/h$h; done
+
     python benchmarks/tuning_grid.py
 
 This reads each run's validation accuracy (the mean of its last 5 rounds; the test split is not
@@ -85,6 +94,7 @@ GRIDS = [
     Grid(RESULTS / "tuning" / "cfl_eps", ONE_ARCH + ", eps1 0.4", "strategy.eps2", "eps2_", 1.6, "40"),
     Grid(RESULTS / "tuning" / "fd_lam", "the zoo", "strategy.lam", "lam", 1.0, "20"),
     Grid(RESULTS / "tuning" / "lgfedavg_momentum", "the zoo", "strategy.server_momentum", "m", 0.0, "20"),
+    Grid(RESULTS / "tuning" / "fedrep_head", ONE_ARCH + ", lr 0.02", "strategy.head_epochs", "h", 5.0, "20"),
 ]
 
 
