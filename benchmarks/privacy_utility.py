@@ -147,7 +147,8 @@ def local_only(directory: Path, setting: str) -> dict:
     costs it nothing: the floor a private method should stay above)."""
     runs = {seed: read_run(directory, "local", seed, setting, "central", math.inf) for seed in SEEDS}
     acc = {seed: r["acc"] for seed, r in runs.items() if "missing" not in r}
-    return {"bench": shown(directory), "seeds": sorted(acc), "accuracy": stat(list(acc.values())) if acc else None}
+    return {"bench": shown(directory), "seeds": sorted(acc), "accuracy": stat(list(acc.values())) if acc else None,
+            "by_seed": acc}
 
 
 def collect(root: Path, reference: Path, local_phone: Path = LOCAL_PHONE) -> list[dict]:
@@ -155,6 +156,7 @@ def collect(root: Path, reference: Path, local_phone: Path = LOCAL_PHONE) -> lis
     reported, and the change against the non-private run paired by seed; and Local-only's accuracy."""
     panels = []
     for title, setting, mode, strategies in PANELS:
+        local = local_only(local_phone if setting == "phone" else reference, setting)
         methods = {}
         for strategy in strategies:
             cells = {eps: read_cell(root, reference, setting, mode, strategy, eps) for eps in EPSILONS}
@@ -170,6 +172,7 @@ def collect(root: Path, reference: Path, local_phone: Path = LOCAL_PHONE) -> lis
                     "worst_client": stat([r["worst"] for r in cell["runs"].values()]) if acc else None,
                     "epsilon_reported": max(reached) if reached else None,
                     "vs_nonprivate": None if math.isinf(eps) else paired(acc, base),
+                    "vs_local_only": paired(acc, local["by_seed"]),
                     "missing": cell["missing"],
                 }
         gaps = {}  # how much more each later method loses than the first, paired by seed
@@ -180,8 +183,7 @@ def collect(root: Path, reference: Path, local_phone: Path = LOCAL_PHONE) -> lis
                 if a and b:
                     gaps.setdefault(second, {})[eps_name(eps)] = paired(b["by_seed"], a["by_seed"])
         panels.append({"panel": title, "setting": setting, "mode": mode, "methods": methods,
-                       "loss_difference": gaps or None,
-                       "local_only": local_only(local_phone if setting == "phone" else reference, setting)})
+                       "loss_difference": gaps or None, "local_only": local})
     return panels
 
 
@@ -216,6 +218,13 @@ def markdown(panels: list[dict]) -> str:
         lines += ["", "Local-only (shares nothing, so no privacy cost): "
                   + (f"{pct(local['accuracy'])}, seeds {local['seeds']} ({local['bench']})" if local["accuracy"]
                      else "not run")]
+        for strategy, cells in panel["methods"].items():
+            against = [(name, cells[name]["vs_local_only"]) for name in map(eps_name, EPSILONS)
+                       if cells[name]["vs_local_only"] is not None]
+            if against:
+                lines += ["", f"{strategy} against Local-only (points, paired by seed): " + ", ".join(
+                    f"ε = {'∞' if e == 'inf' else e}: {pct(v, True)} ("
+                    + " / ".join(f"{100 * d:+.1f}" for d in v["by_seed"].values()) + ")" for e, v in against)]
         lines.append("")
     return "\n".join(lines)
 

@@ -71,11 +71,16 @@ def test_it_pairs_each_private_run_with_the_non_private_one_by_seed(benches):
     assert local["pfedes"]["inf"]["accuracy"] == phone["pfedes"]["inf"]["accuracy"]
     assert all(m[e]["status"] == "not run" for m in local.values() for e in ("8", "4", "1"))
     assert result["panels"][0]["local_only"]["seeds"] == [0, 1]  # Local-only beside every panel
+    # each cell against Local-only on the seeds both have: the floor a private method should keep
+    assert phone["pfedes"]["8"]["vs_local_only"]["by_seed"] == {0: pytest.approx(0.13), 1: pytest.approx(0.12)}
+    assert zoo["4"]["vs_local_only"]["by_seed"] == {0: pytest.approx(0.01)}
     assert result["panels"][1]["local_only"]["accuracy"]["mean"] == pytest.approx(0.61)
     table = (out / "privacy_utility.md").read_text()
     assert "Local-only (shares nothing, so no privacy cost): 50.0 ± 0.0, seeds [0, 1]" in table
     assert "| fedavg | 60.0 ± 2.0 | 50.0 ± 2.0 (-10.0 ± 0.0), ε 7.90 | not run | not run |" in table
     assert "seeds [0]" in table and "ε = 8: +6.0 ± 2.0" in table
+    assert "pfedes against Local-only (points, paired by seed): ε = ∞: +15.5 ± 0.7 (+15.0 / +16.0), " \
+           "ε = 8: +12.5 ± 0.7 (+13.0 / +12.0)" in table
     assert json.loads((out / "privacy_utility.json").read_text())["benchmark"] == "privacy_utility"
     assert (out / "privacy_utility.png").stat().st_size > 0
 
