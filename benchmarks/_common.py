@@ -13,6 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
+from pfedes.bench.runs import LAST_ROUNDS as LAST
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 SHARED_CIFAR = ROOT.parent / "shared" / "data" / "cifar10"
@@ -144,6 +146,23 @@ def read_bench(directory: Path, samples: int | None = None) -> dict[str, dict[in
     for r in rows:
         out.setdefault(r["strategy"], {})[int(r["seed"])] = float(r["acc_mean_last"])
     return out
+
+def curves(directory: Path, strategy: str) -> dict[int, list[float]]:
+    """{seed: personalized accuracy by round} of a bench directory's finished runs of a strategy."""
+    out = {}
+    for run in sorted((directory / strategy).glob("seed*")):
+        if (run / "summary.json").is_file():
+            rounds = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+            out[int(run.name[4:])] = [r["acc_mean"] for r in rounds if r.get("acc_mean") is not None]
+    return out
+
+
+def rounds_to_reach(curve: list[float], target: float) -> int | None:
+    """The first round (1-based) whose trailing mean over LAST rounds reaches target; None if none does."""
+    for end in range(LAST, len(curve) + 1):
+        if np.mean(curve[end - LAST:end]) >= target:
+            return end
+    return None
 
 
 def stat(values: list[float]) -> dict[str, float | None]:

@@ -18,17 +18,14 @@ benchmarks/results/aggregation_options.{csv,json,png}.
 from __future__ import annotations
 
 import csv
-import json
 import sys
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import (REFERENCE_BENCH, RESULTS, option_command, paired, pct, points_columns, read_bench, run_options,  # noqa: E402
-                     stat, write_result)
-
-from pfedes.bench.runs import LAST_ROUNDS as LAST  # noqa: E402
+from _common import (REFERENCE_BENCH, RESULTS, curves, option_command, paired, pct, points_columns, read_bench,  # noqa: E402
+                     rounds_to_reach, run_options, stat, write_result)
 
 OUT = RESULTS / "aggregation"
 METHOD = "pfedes"
@@ -43,24 +40,6 @@ OPTIONS = {  # name -> aggregation overrides
 
 def bench_command(option: str, seeds: list[int]) -> list[str]:
     return option_command(METHOD, seeds, OPTIONS[option], OUT / option)
-
-
-def curves(directory: Path, strategy: str) -> dict[int, list[float]]:
-    """{seed: personalized accuracy by round} of a bench directory's finished runs of a strategy."""
-    out = {}
-    for run in sorted((directory / strategy).glob("seed*")):
-        if (run / "summary.json").is_file():
-            rounds = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
-            out[int(run.name[4:])] = [r["acc_mean"] for r in rounds if r.get("acc_mean") is not None]
-    return out
-
-
-def rounds_to_reach(curve: list[float], target: float) -> int | None:
-    """The first round (1-based) whose trailing mean over LAST rounds reaches target; None if none does."""
-    for end in range(LAST, len(curve) + 1):
-        if np.mean(curve[end - LAST:end]) >= target:
-            return end
-    return None
 
 
 def row(option: str, directory: Path, flat: dict[int, float], local: dict[int, float],
