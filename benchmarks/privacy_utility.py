@@ -240,14 +240,13 @@ def plot(panels: list[dict], path: Path) -> None:
     for ax, panel in zip(axes[0], panels):
         drawn = False
         for i, (strategy, cells) in enumerate(panel["methods"].items()):
-            points = [(x, cells[eps_name(e)]["accuracy"]) for x, e in zip(xs, EPSILONS)
-                      if cells[eps_name(e)]["accuracy"] is not None]
-            if not points:
+            accs = [cells[eps_name(e)]["accuracy"] for e in EPSILONS]
+            if all(a is None for a in accs):
                 continue
-            drawn = True
-            ax.errorbar([x for x, _ in points], [100 * a["mean"] for _, a in points],
-                        yerr=[100 * (a["std"] or 0.0) for _, a in points], marker="o", capsize=3,
-                        color=f"C{i}", label=strategy)
+            drawn = True  # an epsilon that is not run is a gap (NaN), not a line across it
+            ax.errorbar(xs, [math.nan if a is None else 100 * a["mean"] for a in accs],
+                        yerr=[0.0 if a is None else 100 * (a["std"] or 0.0) for a in accs], marker="o",
+                        capsize=3, color=f"C{i}", label=strategy)
         local = panel["local_only"]["accuracy"]
         if local is not None:
             ax.axhline(100 * local["mean"], color="gray", linestyle="--", label="Local-only")
