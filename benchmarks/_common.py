@@ -157,6 +157,12 @@ def curves(directory: Path, strategy: str) -> dict[int, list[float]]:
     return out
 
 
+def seed_mean_curve(by_seed: dict[int, list[float]]) -> tuple[range, np.ndarray]:
+    """Rounds 1..n and the mean over seeds of a curve, in percent (n: the shortest seed's length)."""
+    length = min(len(c) for c in by_seed.values())
+    return range(1, length + 1), 100 * np.mean([c[:length] for c in by_seed.values()], axis=0)
+
+
 def rounds_to_reach(curve: list[float], target: float) -> int | None:
     """The first round (1-based) whose trailing mean over LAST rounds reaches target; None if none does."""
     for end in range(LAST, len(curve) + 1):

@@ -21,11 +21,10 @@ import csv
 import sys
 from pathlib import Path
 
-import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (REFERENCE_BENCH, RESULTS, curves, option_command, paired, pct, points_columns, read_bench,  # noqa: E402
-                     rounds_to_reach, run_options, stat, write_result)
+                     rounds_to_reach, run_options, seed_mean_curve, stat, write_result)
 
 OUT = RESULTS / "aggregation"
 METHOD = "pfedes"
@@ -98,9 +97,7 @@ def plot(options: list[str], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 4))
     for name, by_seed in series.items():
         if by_seed:
-            length = min(len(c) for c in by_seed.values())
-            mean = np.mean([c[:length] for c in by_seed.values()], axis=0)
-            ax.plot(range(1, length + 1), 100 * mean, label=f"{name} ({len(by_seed)} seeds)",
+            ax.plot(*seed_mean_curve(by_seed), label=f"{name} ({len(by_seed)} seeds)",
                     linestyle="--" if name == "Local-only" else "-")
     ax.set_xlabel("round")
     ax.set_ylabel("personalized accuracy % (mean over seeds)")

@@ -31,7 +31,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (ROOT, RESULTS, curves, paired, pct, points_columns, read_bench, rounds_to_reach,  # noqa: E402
-                     run_options, stat, write_result)
+                     run_options, seed_mean_curve, stat, write_result)
 
 OUT = RESULTS / "selection"
 SAMPLES = 200
@@ -108,9 +108,7 @@ def plot(options: list[str], path: Path) -> None:
         for method in METHODS:
             by_seed = curves(OUT / option, method)
             if by_seed:
-                length = min(len(c) for c in by_seed.values())
-                mean = np.mean([c[:length] for c in by_seed.values()], axis=0)
-                ax.plot(range(1, length + 1), 100 * mean, label=f"{method}, {option} ({len(by_seed)} seeds)",
+                ax.plot(*seed_mean_curve(by_seed), label=f"{method}, {option} ({len(by_seed)} seeds)",
                         linestyle="--" if method == "local" else "-")
     ax.set_xlabel("round")
     ax.set_ylabel("personalized accuracy %, all 100 clients")
