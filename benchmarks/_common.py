@@ -147,6 +147,7 @@ def read_bench(directory: Path, samples: int | None = None) -> dict[str, dict[in
         out.setdefault(r["strategy"], {})[int(r["seed"])] = float(r["acc_mean_last"])
     return out
 
+
 def curves(directory: Path, strategy: str) -> dict[int, list[float]]:
     """{seed: personalized accuracy by round} of a bench directory's finished runs of a strategy."""
     out = {}
