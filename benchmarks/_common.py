@@ -164,6 +164,19 @@ def seed_mean_curve(by_seed: dict[int, list[float]]) -> tuple[range, np.ndarray]
     return range(1, length + 1), 100 * np.mean([c[:length] for c in by_seed.values()], axis=0)
 
 
+def save_plot(fig, ax, path: Path, xlabel: str, ylabel: str, title: str) -> None:
+    """Label a benchmark's one-axes figure (with its legend), write it as a PNG and close it."""
+    import matplotlib.pyplot as plt
+
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def rounds_to_reach(curve: list[float], target: float) -> int | None:
     """The first round (1-based) whose trailing mean over LAST rounds reaches target; None if none does."""
     for end in range(LAST, len(curve) + 1):

@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (REFERENCE_BENCH, RESULTS, curves, option_command, paired, pct, points_columns, read_bench,  # noqa: E402
-                     rounds_to_reach, run_options, seed_mean_curve, stat, write_result)
+                     rounds_to_reach, run_options, save_plot, seed_mean_curve, stat, write_result)
 
 OUT = RESULTS / "aggregation"
 METHOD = "pfedes"
@@ -99,13 +99,9 @@ def plot(options: list[str], path: Path) -> None:
         if by_seed:
             ax.plot(*seed_mean_curve(by_seed), label=f"{name} ({len(by_seed)} seeds)",
                     linestyle="--" if name == "Local-only" else "-")
-    ax.set_xlabel("round")
-    ax.set_ylabel("personalized accuracy % (mean over seeds)")
-    ax.set_title("pFedES: aggregation options against the flat mean")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_plot(fig, ax, path, "round",
+              "personalized accuracy % (mean over seeds)",
+              "pFedES: aggregation options against the flat mean")
 
 
 def main(argv: list[str]) -> None:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (REFERENCE_BENCH, REFERENCE_SETTING, RESULTS, experiment, option_command, paired, pct,  # noqa: E402
-                     points_columns, read_bench, run_options, stat, write_result)
+                     points_columns, read_bench, run_options, save_plot, stat, write_result)
 from compression_bytes import client_trainers, mean_full_model_bytes  # noqa: E402
 
 SETTING = REFERENCE_SETTING
@@ -102,13 +102,9 @@ def plot(rows: list[dict], path: Path) -> None:
     ax.axhline(-0.5, color="grey", linestyle=":", label="P3: lose at most 0.5 points")
     ax.axvline(3.0, color="tab:red", linestyle="--", label="P3: upload at most 3 % of a full model")
     ax.set_xscale("log")
-    ax.set_xlabel("upload per client and round, % of the mean full fp32 model (log)")
-    ax.set_ylabel("accuracy change against fp32, points\n(paired by seed, mean ± std)")
-    ax.set_title("pFedES: bytes against accuracy, compressed uploads")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_plot(fig, ax, path, "upload per client and round, % of the mean full fp32 model (log)",
+              "accuracy change against fp32, points\n(paired by seed, mean ± std)",
+              "pFedES: bytes against accuracy, compressed uploads")
 
 
 def main(argv: list[str]) -> None:

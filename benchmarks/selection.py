@@ -31,7 +31,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (ROOT, RESULTS, curves, paired, pct, points_columns, read_bench, rounds_to_reach,  # noqa: E402
-                     run_options, seed_mean_curve, stat, write_result)
+                     run_options, save_plot, seed_mean_curve, stat, write_result)
 
 OUT = RESULTS / "selection"
 SAMPLES = 200
@@ -110,13 +110,9 @@ def plot(options: list[str], path: Path) -> None:
             if by_seed:
                 ax.plot(*seed_mean_curve(by_seed), label=f"{method}, {option} ({len(by_seed)} seeds)",
                         linestyle="--" if method == "local" else "-")
-    ax.set_xlabel("round")
-    ax.set_ylabel("personalized accuracy %, all 100 clients")
-    ax.set_title("10 % of 100 clients a round: selection by loss against uniform")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_plot(fig, ax, path, "round",
+              "personalized accuracy %, all 100 clients",
+              "10 % of 100 clients a round: selection by loss against uniform")
 
 
 def main(argv: list[str]) -> None:
