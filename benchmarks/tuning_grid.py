@@ -13,9 +13,9 @@ value, <grid>/<prefix><value>/<strategy>/seed100. The learning-rate grid on the 
 
 Every method whose best learning rate lies at an edge of the grid is run one step beyond it (the
 same command with only those methods): Local-only, pfedes, FML and the paper form at 0.04, FedGH,
-FedProto and LG-FedAvg at 0.0025, then FedGH and FedProto, still best at the edge, at 0.00125
-(`out_dir=.../lr_grid/lr0.04`, `.../lr0.0025`, `.../lr0.00125`); on one architecture Local-only and
-FedRep at 0.04.
+FedProto and LG-FedAvg at 0.0025, then FedGH and FedProto, still best at the edge, at 0.00125,
+then FedGH, best there, at 0.000625 (`out_dir=.../lr_grid/lr0.04`, `.../lr0.0025`, `.../lr0.00125`,
+`.../lr0.000625`); on one architecture Local-only and FedRep at 0.04.
 
 The one-architecture learning-rate grid (the one-architecture table's baselines beside Local-only on
 the same clients) is the same with `strategies=[local,fedrep] clients.devices=[phone]` and
