@@ -1,7 +1,7 @@
 """Poisoned clients against the server's defences (pfedes/robust.py): some clients send scaled
-(x100) or sign-flipped updates every round; pFedES's accuracy with no defence, with the default
-norm-anomaly rejection, and with a trimmed mean, the median or Multi-Krum (each after the norm
-check), beside the clean run, paired by seed.
+(x100) or sign-flipped updates every round; pFedES's accuracy with no defence, with norm-anomaly
+rejection (the default), with direction-anomaly rejection added, and with a trimmed mean, the
+median or Multi-Krum (each after the norm check), beside the clean run, paired by seed.
 
     python benchmarks/poisoning.py [--seeds 0 1 2] [--attackers 0 5] [--out DIR] [hydra overrides]
 
@@ -30,16 +30,17 @@ ATTACKS = {"scale": 100.0, "flip": -1.0}  # u -> factor * u
 DEFENCES = {
     "none": ["aggregation.rule=mean", "aggregation.norm_threshold=0"],
     "default": [],  # norm-anomaly rejection at conf/'s threshold, weighted mean
+    "direction": ["aggregation.min_cosine=0"],  # the default plus direction-anomaly rejection
     "trimmed_mean": ["aggregation.rule=trimmed_mean", "aggregation.trim_fraction=0.2"],
     "median": ["aggregation.rule=median"],
     "multikrum": ["aggregation.rule=multikrum", "aggregation.num_malicious=2"],
 }
-# the norm check runs before every rule and already drops the x100 updates, so the median and
-# Multi-Krum are measured against the flips, which pass it
+# the norm check runs before every rule and already drops the x100 updates, so the direction
+# check, the median and Multi-Krum are measured against the flips, which pass it
 AGAINST_SCALE = ("none", "default", "trimmed_mean")
-# Multi-Krum also without attackers: what setting aside f honest replies each round costs
-CONDITIONS = [("clean", "default"), ("clean", "multikrum")] + [(a, d) for a in ATTACKS for d in DEFENCES
-                                                               if a == "flip" or d in AGAINST_SCALE]
+# without attackers: what the direction check and Multi-Krum (setting aside f honest replies) cost
+CONDITIONS = [("clean", "default"), ("clean", "direction"), ("clean", "multikrum")] + [
+    (a, d) for a in ATTACKS for d in DEFENCES if a == "flip" or d in AGAINST_SCALE]
 LAST = 5
 
 attacker_app = ClientApp()

@@ -41,6 +41,7 @@ def round_record(server_round: int, stats: dict[str, Any], seconds: float,
         "clients_asked": int(stats.get("clients_asked", 0)),
         "clients_trained": int(stats.get("clients_trained", 0)),
         "clients_dropped": int(stats.get("clients_dropped", 0)),
+        "update_cosine_min": stats.get("update_cosine_min"),  # aggregation.min_cosine on: the lowest cosine
         "bytes_up": int(stats.get("bytes_up", 0)),
         "bytes_down": int(stats.get("bytes_down", 0)),
         "bytes_up_per_client": int(stats.get("bytes_up", 0)) // asked,

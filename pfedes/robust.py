@@ -5,6 +5,15 @@ the server combines them before its server momentum.
   it||, exceeds `norm_threshold` x the median of the round's non-zero norms is dropped, with a
   warning naming the node. It needs 3 non-zero norms or more (with 2, the median cannot tell which
   is the outlier).
+- Direction-anomaly rejection (`min_cosine`, off by default): a reply whose update points away
+  from the round's consensus, a cosine similarity with the coordinate-wise median of the round's
+  other non-zero updates below `min_cosine`, is dropped with a warning naming the node. A
+  sign-flipped update has an honest norm and passes the norm check; its cosine is about minus an
+  honest one's. The median is robust to any minority of attackers and leaves the update itself
+  out; it needs 3 non-zero updates or more, as the norm check. Only for replies that train the
+  sent arrays further, all from the same arrays (not per-class means, not CFL's clusters, whose
+  updates oppose each other by design). Not on by default: under strong label skew honest
+  updates become near-orthogonal (README, "Robust aggregation"), and 0 would drop some of them.
 - The rule that combines the rest, per entry:
   - `mean`: the sample-weighted average (FedAvg's);
   - `trimmed_mean`: per coordinate, the mean after cutting `trim_fraction` of the values at each
@@ -58,6 +67,7 @@ class Robustness:
     trim_fraction: float = 0.1
     num_malicious: int = 0
     norm_threshold: float = 10.0
+    min_cosine: float = -1.0
     groups: str = "none"
     group_weighting: str = "equal"
     weighting: str = "samples"
@@ -73,6 +83,7 @@ class Robustness:
                    a.number("trim_fraction", 0.1, "in [0, 0.5)", lambda v: 0 <= v < 0.5),
                    a.integer("num_malicious", 0, 0),
                    a.number("norm_threshold", 10.0, "0 (off) or > 1", lambda v: v == 0 or v > 1),
+                   a.number("min_cosine", -1.0, "in [-1, 1) (-1: off)", lambda v: -1 <= v < 1),
                    a.choice("groups", "none", GROUPS), a.choice("group_weighting", "equal", GROUP_WEIGHTING),
                    weighting, a.number("temperature", 0.1, "> 0", lambda v: v > 0),
                    a.number("quality_blend", 0.5, "in [0, 1]", lambda v: 0 <= v <= 1))
@@ -105,6 +116,27 @@ class Robustness:
             return [], float("nan")
         median = float(np.median(moved))
         return [i for i, n in enumerate(norms) if n > self.norm_threshold * median], median
+
+    @property
+    def checks_direction(self) -> bool:
+        return self.min_cosine > -1
+
+    def direction_outliers(self, updates: list[np.ndarray]) -> tuple[list[int], list[float]]:
+        """(indices of the updates whose cosine with the coordinate-wise median of the other non-zero
+        updates is below min_cosine, every update's cosine: nan for a zero update or when there are
+        fewer than 3 non-zero ones). A zero update (a client still warming up) is never dropped.
+        The median leaves the update itself out: with few replies it would otherwise lean toward
+        each of them, a flipped one included."""
+        moved = [i for i, u in enumerate(updates) if np.any(u)]
+        cosines = [math.nan] * len(updates)
+        if len(moved) < MIN_REPLIES_FOR_NORM_CHECK:
+            return [], cosines
+        stacked = np.stack([updates[i] for i in moved])
+        for i, others in zip(moved, medians_of_the_others(stacked)):
+            scale = float(np.linalg.norm(others))
+            if scale > 0:
+                cosines[i] = float(updates[i] @ others) / (float(np.linalg.norm(updates[i])) * scale)
+        return [i for i, c in enumerate(cosines) if self.checks_direction and c < self.min_cosine], cosines
 
     # -- how they combine ----------------------------------------------------------------
     def combine(self, arrays: list[dict[str, np.ndarray]], weights: list[float],
@@ -148,15 +180,36 @@ class Robustness:
 
 def update_norm(arrays: Mapping[str, np.ndarray], reference: Mapping[str, np.ndarray]) -> float:
     """||arrays - reference|| over the floating entries (an entry without a reference counts whole)."""
-    total = 0.0
-    for key, value in arrays.items():
-        value = np.asarray(value)
+    return float(np.linalg.norm(flat_update(arrays, reference)))
+
+
+def flat_update(arrays: Mapping[str, np.ndarray], reference: Mapping[str, np.ndarray]) -> np.ndarray:
+    """arrays - reference over the floating entries, flattened in key order into one float64 vector
+    (an entry without a reference counts whole)."""
+    parts = []
+    for key in sorted(arrays):
+        value = np.asarray(arrays[key])
         if value.dtype.kind != "f":
             continue
         ref = reference.get(key)
-        change = value.astype(np.float64) - (ref if ref is not None and np.shape(ref) == value.shape else 0.0)
-        total += float(np.square(change).sum())
-    return math.sqrt(total)
+        parts.append((value.astype(np.float64) - (ref if ref is not None and np.shape(ref) == value.shape else 0.0)
+                      ).ravel())
+    return np.concatenate(parts) if parts else np.zeros(0)
+
+
+def medians_of_the_others(stacked: np.ndarray) -> np.ndarray:
+    """Row i: the coordinate-wise median of every row of `stacked` (n x d, n >= 3) but row i, from
+    one sort: leaving out the value of rank r shifts the ranks above it down by one."""
+    n = len(stacked)
+    order = np.sort(stacked, axis=0)
+    rank = np.empty_like(stacked, dtype=np.int64)
+    np.put_along_axis(rank, np.argsort(stacked, axis=0, kind="stable"), np.arange(n)[:, None], axis=0)
+
+    def kept(q: int) -> np.ndarray:  # the value at position q of each row's n - 1 kept values
+        return np.where(rank > q, order[q], order[q + 1])
+
+    m = n - 1
+    return kept(m // 2) if m % 2 else (kept(m // 2 - 1) + kept(m // 2)) / 2
 
 
 def weighted_average(arrays: list[dict[str, np.ndarray]], weights: list[float]) -> dict[str, np.ndarray]:

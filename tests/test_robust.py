@@ -1,4 +1,4 @@
-"""Robust aggregation (pfedes/robust.py): norm-anomaly rejection, trimmed mean, median and
+"""Robust aggregation (pfedes/robust.py): norm- and direction-anomaly rejection, trimmed mean, median and
 (Multi-)Krum through Flower's functions, with server momentum after them."""
 
 import logging
@@ -8,7 +8,7 @@ import pytest
 
 from conftest import make_cfg, train_reply
 from pfedes.config import ConfigError, experiment_config
-from pfedes.robust import Robustness, update_norm, weighted_average
+from pfedes.robust import Robustness, medians_of_the_others, update_norm, weighted_average
 from pfedes.strategies.pfedes import PFedES
 
 CURRENT = {"w": np.zeros((2, 3), np.float32), "n": np.array(4, np.int64)}
@@ -56,12 +56,68 @@ def test_norm_rejection_is_off_at_zero_and_with_fewer_than_three_replies():
     assert aggregate(strategy(), [1.0, 100.0])["w"][0, 0] == pytest.approx(50.5)
 
 
+def noisy_updates(count, seed=0):
+    """Honest updates of one 10x10 entry: a shared direction plus as much noise again."""
+    rng = np.random.default_rng(seed)
+    common = rng.normal(size=(10, 10))
+    return [common + rng.normal(size=(10, 10)) for _ in range(count)]
+
+
+def test_a_sign_flipped_update_passes_the_norm_check_and_is_dropped_by_its_direction(caplog):
+    updates = noisy_updates(5)
+    updates[4] = -updates[4]  # node 5 flips its update: its norm is an honest one
+    replies = [train_reply(i + 1, {"w": u.astype(np.float32)}, 1, train_loss=1.0) for i, u in enumerate(updates)]
+
+    def aggregated(*overrides):
+        s = strategy(*overrides)
+        s.current = {"w": np.zeros((10, 10), np.float32)}
+        return s, s.aggregate_train(1, replies)[0]["w"].numpy()
+
+    with caplog.at_level(logging.WARNING):
+        s, new = aggregated("aggregation.min_cosine=0")
+    assert "node 5: its update's cosine with the round's median update is -" in caplog.text
+    assert "min_cosine" in caplog.text and "update norm" not in caplog.text
+    np.testing.assert_allclose(new, np.mean(updates[:4], axis=0), atol=1e-5)
+    assert s.round_stats["clients_dropped"] == 1 and s.round_stats["update_cosine_min"] < 0
+    np.testing.assert_allclose(aggregated()[1], np.mean(updates, axis=0), atol=1e-5)  # off by default
+
+
+def test_direction_outliers_are_the_cosines_with_the_others_median_below_the_threshold():
+    updates = [np.array([1.0, 0.0]), np.array([2.0, 1.0]), np.array([1.0, 1.0]), np.array([-1.0, -1.0]),
+               np.zeros(2)]  # the medians of the other non-zero three: (1, 1), (1, 0), (1, 0), (1, 1)
+    away, cosines = Robustness(min_cosine=0.0).direction_outliers(updates)
+    assert away == [3]
+    np.testing.assert_allclose(cosines[:4], [1 / np.sqrt(2), 2 / np.sqrt(5), 1 / np.sqrt(2), -1.0])
+    assert np.isnan(cosines[4])  # a client still warming up is never dropped
+    assert Robustness(min_cosine=0.8).direction_outliers(updates)[0] == [0, 2, 3]
+    assert Robustness(min_cosine=-1.0).direction_outliers(updates)[0] == []
+    assert Robustness().direction_outliers(updates[:2] + [np.zeros(2)])[0] == []  # fewer than 3 moved
+
+
+def test_the_medians_of_the_others_come_from_one_sort():
+    rng = np.random.default_rng(1)
+    for n in (3, 4, 7):
+        stacked = rng.normal(size=(n, 5))
+        stacked[:, 0] = 1.0  # ties
+        expected = [np.median(np.delete(stacked, i, axis=0), axis=0) for i in range(n)]
+        np.testing.assert_allclose(medians_of_the_others(stacked), expected)
+
+
+def test_clusters_whose_updates_oppose_each_other_are_not_a_direction_anomaly():
+    """CFL splits its clients exactly on opposing updates, and per-class payloads are not updates."""
+    from pfedes.strategies.cfl import ClusteredFL
+    from pfedes.strategies.fedproto import FedProto
+
+    assert not ClusteredFL.one_consensus and not FedProto.replies_start_from_sent
+    assert PFedES.one_consensus and PFedES.replies_start_from_sent
+
+
 def test_trimmed_mean_and_median_per_coordinate_on_hand_computed_numbers():
-    values = [0.0, 1.0, 2.0, 3.0, -50.0]  # a sign-flipped, scaled update the norm check lets through
-    off = "aggregation.norm_threshold=0"
-    trimmed = aggregate(strategy("aggregation.rule=trimmed_mean", "aggregation.trim_fraction=0.2", off), values)
+    values = [0.0, 1.0, 2.0, 3.0, -50.0]  # a sign-flipped, scaled update the anomaly checks let through when off
+    off = ("aggregation.norm_threshold=0", "aggregation.min_cosine=-1")
+    trimmed = aggregate(strategy("aggregation.rule=trimmed_mean", "aggregation.trim_fraction=0.2", *off), values)
     np.testing.assert_allclose(trimmed["w"], 1.0)  # cut -50 and 3: mean of 0, 1, 2
-    median = aggregate(strategy("aggregation.rule=median", off), values)
+    median = aggregate(strategy("aggregation.rule=median", *off), values)
     np.testing.assert_allclose(median["w"], 1.0)
     assert median["n"].dtype == np.int64 and median["n"] == 4  # counters are rounded back
 
@@ -92,6 +148,8 @@ def test_the_mean_rule_is_the_sample_weighted_average():
     ("aggregation.trim_fraction=0.5", r"aggregation.trim_fraction must be in \[0, 0.5\), got 0.5"),
     ("aggregation.num_malicious=-1", "aggregation.num_malicious must be an integer >= 0, got -1"),
     ("aggregation.norm_threshold=0.5", r"aggregation.norm_threshold must be 0 \(off\) or > 1, got 0.5"),
+    ("aggregation.min_cosine=1", r"aggregation.min_cosine must be in \[-1, 1\) \(-1: off\), got 1"),
+    ("aggregation.min_cosine=-1.5", r"aggregation.min_cosine must be in \[-1, 1\) \(-1: off\), got -1.5"),
     ("aggregation.groups=region", "aggregation.groups 'region' is unknown"),
     ("aggregation.group_weighting=loss", "aggregation.group_weighting 'loss' is unknown"),
     ("aggregation.weighting=loss", "aggregation.weighting 'loss' is unknown"),
@@ -102,8 +160,11 @@ def test_a_bad_aggregation_setting_is_one_line(override, message):
         experiment_config([override])
 
 
+DIRICHLET = ["data.partition=dirichlet", "data.alpha=1.0"]  # honest updates share a direction
+
+
 @pytest.mark.slow
-def test_a_scaled_attacker_wrecks_the_undefended_run_and_the_default_drops_it(tmp_path):
+def test_a_scaled_attacker_wrecks_the_undefended_run_and_the_default_drops_it_and_a_flipping_one(tmp_path):
     """benchmarks/poisoning.py's attacker ClientApp, 4 clients, 2 rounds, partition 0 attacking."""
     import sys
     from pathlib import Path
@@ -118,6 +179,9 @@ def test_a_scaled_attacker_wrecks_the_undefended_run_and_the_default_drops_it(tm
     assert [r["clients_dropped"] for r in undefended] == [0, 0]
     assert [r["clients_dropped"] for r in defended] == [1, 1]
     assert defended[-1]["acc_mean"] > undefended[-1]["acc_mean"] + 0.2
+    flipped = poisoning.run_condition("flip", "direction", 0, [0], tmp_path, [*common, *DIRICHLET])
+    assert [r["clients_dropped"] for r in flipped] == [1, 1]
+    assert all(r["update_cosine_min"] < 0 for r in flipped)
 
 
 def device_reply(node, value, device, n=1):

@@ -31,7 +31,7 @@ from ..compression import Codec, EncodingError, onto_server_arrays
 from ..config import ConfigError
 from ..contribution import report_problem as quality_report_problem
 from ..privacy import Privacy, epsilon_after
-from ..robust import SCORE_KEY, Robustness, update_norm
+from ..robust import SCORE_KEY, Robustness, flat_update
 from ..selection import ClientHistory, Selection, power_of_choice
 from ..validation import arrays_problem
 
@@ -92,6 +92,7 @@ class PersonalizedStrategy(FedAvg):
     send_arrays_to_evaluate = False
     replies_start_from_sent = True  # a reply's arrays are the sent ones trained further (not, e.g., class means)
     averages_arrays = True  # the shared arrays go through `combine` (weighting, robust rules, privacy)
+    one_consensus = True  # every reply's update aims at one consensus (aggregation.min_cosine applies)
     num_classes: int | None = None  # the data's classes, set by the ServerApp (checks quality reports)
 
     def __init__(self, cfg: dict[str, Any]) -> None:
@@ -270,7 +271,7 @@ class PersonalizedStrategy(FedAvg):
                     msg.metadata.src_node_id, problem)
                 continue
             good.append(msg)
-        good = self.without_norm_outliers(server_round, good)
+        good = self.without_anomalies(server_round, good)
         for msg in good:  # what selection remembers of a node (its loss is clipped there)
             info = msg.content.config_records.get("info", ConfigRecord())
             self.history.remember(msg.metadata.src_node_id, msg.content.metric_records[METRICS_KEY].get("train_loss"),
@@ -281,18 +282,31 @@ class PersonalizedStrategy(FedAvg):
             log(WARNING, "round %d: no usable train reply; the shared state is unchanged", server_round)
         return good
 
-    def without_norm_outliers(self, server_round: int, replies: list[Message]) -> list[Message]:
-        """Drop the replies whose update norm is an outlier of the round (aggregation.norm_threshold)."""
+    def without_anomalies(self, server_round: int, replies: list[Message]) -> list[Message]:
+        """Drop the replies whose update norm is an outlier of the round (aggregation.norm_threshold),
+        then those whose update points away from the others' median (aggregation.min_cosine)."""
         if self.privacy.central:  # which replies count must not depend on them beyond the clipping
             return replies
-        norms = [update_norm({k: a.numpy() for k, a in next(iter(m.content.array_records.values())).items()},
-                             self.sent_to(m.metadata.src_node_id)) for m in replies]
+        updates = [flat_update({k: a.numpy() for k, a in next(iter(m.content.array_records.values())).items()},
+                               self.sent_to(m.metadata.src_node_id)) for m in replies]
+        norms = [float(np.linalg.norm(u)) for u in updates]
         outliers, median = self.robust.norm_outliers(norms)
         for i in outliers:
-            self.round_stats["clients_dropped"] += 1
             log(WARNING, "round %d: dropped the reply of node %d: update norm %.4g is above %g x the round's "
                 "median %.4g (aggregation.norm_threshold)", server_round, replies[i].metadata.src_node_id,
                 norms[i], self.robust.norm_threshold, median)
+        kept = [i for i in range(len(replies)) if i not in set(outliers)]
+        if self.robust.checks_direction and self.replies_start_from_sent and self.one_consensus:
+            away, cosines = self.robust.direction_outliers([updates[i] for i in kept])
+            finite = [c for c in cosines if math.isfinite(c)]
+            if finite:
+                self.round_stats["update_cosine_min"] = min(finite)
+            for j in away:
+                log(WARNING, "round %d: dropped the reply of node %d: its update's cosine with the round's "
+                    "median update is %.3f, below %g (aggregation.min_cosine)", server_round,
+                    replies[kept[j]].metadata.src_node_id, cosines[j], self.robust.min_cosine)
+            outliers += [kept[j] for j in away]
+        self.round_stats["clients_dropped"] += len(outliers)
         return [m for i, m in enumerate(replies) if i not in set(outliers)]
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]

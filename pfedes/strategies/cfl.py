@@ -30,13 +30,8 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
+from ..robust import flat_update
 from .base import PersonalizedStrategy
-
-
-def flat_update(reply: dict[str, np.ndarray], sent: dict[str, np.ndarray]) -> np.ndarray:
-    """reply - sent over the floating-point entries, as one float64 vector."""
-    return np.concatenate([(reply[k].astype(np.float64) - sent[k].astype(np.float64)).ravel()
-                           for k in sorted(sent) if sent[k].dtype.kind == "f"])
 
 
 def cosine_similarities(updates: list[np.ndarray]) -> np.ndarray:
@@ -81,6 +76,7 @@ def bipartition(similarity: np.ndarray) -> tuple[list[int], list[int]]:
 
 class ClusteredFL(PersonalizedStrategy):
     send_arrays_to_evaluate = True
+    one_consensus = False  # the clusters' updates oppose each other: that is what splits them
 
     def __init__(self, cfg: dict[str, Any]) -> None:
         super().__init__(cfg)
