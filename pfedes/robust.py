@@ -178,11 +178,6 @@ class Robustness:
         return sorted(i for i, c in enumerate(contents) if any(c is s for s in chosen))
 
 
-def update_norm(arrays: Mapping[str, np.ndarray], reference: Mapping[str, np.ndarray]) -> float:
-    """||arrays - reference|| over the floating entries (an entry without a reference counts whole)."""
-    return float(np.linalg.norm(flat_update(arrays, reference)))
-
-
 def flat_update(arrays: Mapping[str, np.ndarray], reference: Mapping[str, np.ndarray]) -> np.ndarray:
     """arrays - reference over the floating entries, flattened in key order into one float64 vector
     (an entry without a reference counts whole)."""

@@ -8,7 +8,7 @@ import pytest
 
 from conftest import make_cfg, train_reply
 from pfedes.config import ConfigError, experiment_config
-from pfedes.robust import Robustness, medians_of_the_others, update_norm, weighted_average
+from pfedes.robust import Robustness, flat_update, medians_of_the_others, weighted_average
 from pfedes.strategies.pfedes import PFedES
 
 CURRENT = {"w": np.zeros((2, 3), np.float32), "n": np.array(4, np.int64)}
@@ -31,9 +31,9 @@ def aggregate(s, values, weights=None):
     return {k: a.numpy() for k, a in arrays.items()}
 
 
-def test_update_norm_is_the_distance_from_what_was_sent_over_floating_entries():
-    assert update_norm(client(2.0), CURRENT) == pytest.approx(np.sqrt(6 * 4.0))
-    assert update_norm({"x": np.ones(4, np.float32)}, {}) == pytest.approx(2.0)  # no reference: whole
+def test_flat_update_is_the_change_from_what_was_sent_over_floating_entries():
+    assert np.linalg.norm(flat_update(client(2.0), CURRENT)) == pytest.approx(np.sqrt(6 * 4.0))
+    assert np.linalg.norm(flat_update({"x": np.ones(4, np.float32)}, {})) == pytest.approx(2.0)  # no reference: whole
 
 
 def test_a_scaled_update_is_dropped_by_name_and_the_round_goes_on(caplog):
