@@ -55,6 +55,21 @@ the learning rate its grid chose (one architecture, 20 rounds):
         data.val_fraction=0.15 num_clients=10 train.lr=0.02 strategy.lr=null ++strategy.head_epochs=$h \
         out_dir=benchmarks/results/tuning/fedrep_head/h$h; done
 
+The equal budget: pfedes's defaults were chosen among 29 validation candidates (25 structural ones in
+the tune.py records and 4 learning rates), so the baselines it is compared with most closely get as
+many, on train.lr against their main setting: FedRep (one architecture) lr x head_epochs, FD (the
+zoo) lr x lam. Cells already run by the grids above are copied in (the same runs); the rest:
+
+    for lr in 0.0025 0.005 0.01 0.02 0.04 0.08; do for h in 1 3 5 10; do
+      pfedes-bench strategies=[fedrep] seeds=[100] clients.devices=[phone] num_rounds=20 \
+        data.partition=dirichlet data.alpha=0.3 data.path=../shared/data/cifar10 data.samples_per_client=500 \
+        data.val_fraction=0.15 num_clients=10 strategy.lr=null train.lr=$lr ++strategy.head_epochs=$h \
+        out_dir=benchmarks/results/tuning/fedrep_budget/lr${lr}_h$h; done; done
+    (then head_epochs 20, one step beyond the edge, at lr 0.005 to 0.08: 29 cells)
+    for lr in 0.0025 0.005 0.01 0.02 0.04; do for lam in 0.1 0.3 1 3 10; do
+      pfedes-bench strategies=[fd] $T train.lr=$lr ++strategy.lam=$lam \
+        out_dir=benchmarks/results/tuning/fd_budget/lr${lr}_lam$lam; done; done
+
     python benchmarks/tuning_grid.py
 
 This reads each run's validation accuracy (the mean of its last 5 rounds; the test split is not
@@ -161,9 +176,69 @@ def write_record(grid: Grid) -> list[str]:
     return lines
 
 
+@dataclass(frozen=True)
+class BudgetGrid:
+    """The equal-budget grid of one method: train.lr against its main setting, as many candidates as
+    pfedes had (PFEDES_CANDIDATES); <directory>/lr<lr>_<prefix><value>/<strategy>/seed<SEED>."""
+    directory: Path
+    strategy: str
+    clients: str
+    setting: str
+    prefix: str
+    default: tuple[float, float]  # (lr, value): the preset's cell, kept unless beaten by more than MARGIN
+
+
+PFEDES_CANDIDATES = 29  # its 25 structural candidates (the tune.py records) and 4 learning rates
+BUDGET_GRIDS = [
+    BudgetGrid(RESULTS / "tuning" / "fedrep_budget", "fedrep", ONE_ARCH, "strategy.head_epochs", "h", (0.02, 5.0)),
+    BudgetGrid(RESULTS / "tuning" / "fd_budget", "fd", "the zoo", "strategy.lam", "lam", (0.01, 1.0)),
+]
+
+
+def read_budget(grid: BudgetGrid) -> dict[tuple[float, float], float]:
+    """{(lr, value): validation accuracy} for every finished cell."""
+    scores = {}
+    for cell in sorted(grid.directory.glob("lr*_*")):
+        lr, _, value = cell.name[len("lr"):].partition(f"_{grid.prefix}")
+        acc = validation_accuracy(cell / grid.strategy / f"seed{SEED}")
+        if acc is not None:
+            scores[(float(lr), float(value))] = acc
+    return scores
+
+
+def write_budget_record(grid: BudgetGrid) -> list[str]:
+    """The grid's record next to it (<name>.json, <name>.md: rows lr, columns the setting); returns the
+    markdown lines, none while no cell has finished."""
+    scores = read_budget(grid)
+    if not scores:
+        return []
+    name = grid.setting.split(".")[-1]
+    lrs, values = sorted({lr for lr, _ in scores}), sorted({v for _, v in scores})
+    chosen = choose(scores, grid.default)
+    rule = (f"lr {grid.default[0]:g} with {name} {grid.default[1]:g} (the preset) stays unless another cell beats "
+            f"it by more than {100 * MARGIN:.0f} point on validation")
+    out = {"setting": f"{grid.clients}, 10 clients, Dirichlet alpha 0.3, 500 samples per client, 15 % validation, "
+                      f"20 rounds, seed {SEED}; validation accuracy, mean of the last {LAST} rounds",
+           "strategy": grid.strategy, "varied": ["train.lr", grid.setting], "rule": rule,
+           "candidates": len(scores), "pfedes_candidates": PFEDES_CANDIDATES,
+           "validation_accuracy": [{"lr": lr, name: v, "acc": acc} for (lr, v), acc in sorted(scores.items())],
+           "chosen": None if chosen is None else {"lr": chosen[0], name: chosen[1]}}
+    (grid.directory.parent / f"{grid.directory.name}.json").write_text(json.dumps(out, indent=2) + "\n")
+    lines = [f"{grid.strategy}: validation accuracy % ({grid.clients}; tuning seed {SEED}, mean of the last {LAST} "
+             f"of 20 rounds) by train.lr (rows) and {grid.setting} (columns), {len(scores)} candidates against "
+             f"pfedes's {PFEDES_CANDIDATES}; `python benchmarks/tuning_grid.py`. Rule: {rule}.", "",
+             "| lr | " + " | ".join(f"{name} {v:g}" for v in values) + " |", "|---|" + "---|" * len(values)]
+    for lr in lrs:
+        cells = [f"{100 * scores[(lr, v)]:.1f}" if (lr, v) in scores else "not run" for v in values]
+        lines.append(f"| {lr:g} | " + " | ".join(cells) + " |")
+    lines += ["", "Chosen: " + ("— (the preset's cell has not run)" if chosen is None
+                                else f"lr {chosen[0]:g}, {name} {chosen[1]:g}")]
+    (grid.directory.parent / f"{grid.directory.name}.md").write_text("\n".join(lines) + "\n")
+    return lines
+
+
 def main() -> None:
-    for grid in GRIDS:
-        lines = write_record(grid)
+    for lines in [write_record(grid) for grid in GRIDS] + [write_budget_record(grid) for grid in BUDGET_GRIDS]:
         if lines:
             print("\n".join(lines) + "\n")
 
