@@ -58,7 +58,7 @@ the learning rate its grid chose (one architecture, 20 rounds):
 The equal budget: pfedes's defaults were chosen among 29 validation candidates (25 structural ones in
 the tune.py records and 4 learning rates), so the baselines it is compared with most closely get as
 many, on train.lr against their main setting: FedRep (one architecture) lr x head_epochs, FD (the
-zoo) lr x lam. Cells already run by the grids above are copied in (the same runs); the rest:
+zoo) lr x lam, LG-FedAvg (the zoo) lr x server_momentum. Cells already run by the grids above are copied in (the same runs); the rest:
 
     for lr in 0.0025 0.005 0.01 0.02 0.04 0.08; do for h in 1 3 5 10; do
       pfedes-bench strategies=[fedrep] seeds=[100] clients.devices=[phone] num_rounds=20 \
@@ -69,6 +69,11 @@ zoo) lr x lam. Cells already run by the grids above are copied in (the same runs
     for lr in 0.0025 0.005 0.01 0.02 0.04; do for lam in 0.1 0.3 1 3 10; do
       pfedes-bench strategies=[fd] $T train.lr=$lr ++strategy.lam=$lam \
         out_dir=benchmarks/results/tuning/fd_budget/lr${lr}_lam$lam; done; done
+    (then lam 0.5 and 2 at lr 0.005 and 0.01, around the best cells: 29 cells)
+    for lr in 0.00125 0.0025 0.005 0.01 0.02 0.04; do for m in 0 0.5 0.7 0.9; do
+      pfedes-bench strategies=[lgfedavg] $T train.lr=$lr ++strategy.server_momentum=$m \
+        out_dir=benchmarks/results/tuning/lgfedavg_budget/lr${lr}_m$m; done; done
+    (then server_momentum 0.95 at lr 0.00125 to 0.02: 29 cells)
 
     python benchmarks/tuning_grid.py
 
@@ -192,6 +197,8 @@ PFEDES_CANDIDATES = 29  # its 25 structural candidates (the tune.py records) and
 BUDGET_GRIDS = [
     BudgetGrid(RESULTS / "tuning" / "fedrep_budget", "fedrep", ONE_ARCH, "strategy.head_epochs", "h", (0.02, 5.0)),
     BudgetGrid(RESULTS / "tuning" / "fd_budget", "fd", "the zoo", "strategy.lam", "lam", (0.01, 1.0)),
+    BudgetGrid(RESULTS / "tuning" / "lgfedavg_budget", "lgfedavg", "the zoo", "strategy.server_momentum", "m",
+               (0.01, 0.0)),
 ]
 
 
