@@ -58,7 +58,8 @@ the learning rate its grid chose (one architecture, 20 rounds):
 The equal budget: pfedes's defaults were chosen among 29 validation candidates (25 structural ones in
 the tune.py records and 4 learning rates), so the baselines it is compared with most closely get as
 many, on train.lr against their main setting: FedRep (one architecture) lr x head_epochs, FD (the
-zoo) lr x lam, LG-FedAvg (the zoo) lr x server_momentum. Cells already run by the grids above are copied in (the same runs); the rest:
+zoo) lr x lam, LG-FedAvg (the zoo) lr x server_momentum. Cells already run by the grids above are
+copied in (the same runs); the rest:
 
     for lr in 0.0025 0.005 0.01 0.02 0.04 0.08; do for h in 1 3 5 10; do
       pfedes-bench strategies=[fedrep] seeds=[100] clients.devices=[phone] num_rounds=20 \
