@@ -74,7 +74,7 @@ copied in (the same runs); the rest:
     for lr in 0.00125 0.0025 0.005 0.01 0.02 0.04; do for m in 0 0.5 0.7 0.9; do
       pfedes-bench strategies=[lgfedavg] $T train.lr=$lr ++strategy.server_momentum=$m \
         out_dir=benchmarks/results/tuning/lgfedavg_budget/lr${lr}_m$m; done; done
-    (then server_momentum 0.95 at lr 0.00125 to 0.02: 29 cells)
+    (then server_momentum 0.95 at lr 0.00125 to 0.02: 29 cells; and 0.98 at lr 0.005, beyond the best cell's edge)
 
     python benchmarks/tuning_grid.py
 
