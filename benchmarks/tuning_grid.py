@@ -134,6 +134,12 @@ def validation_accuracy(run_dir: Path) -> float | None:
     return sum(vals) / len(vals) if len(vals) == LAST else None
 
 
+def tuning_setting(clients: str, rounds: str) -> str:
+    """What a record's runs were, for its JSON."""
+    return (f"{clients}, 10 clients, Dirichlet alpha 0.3, 500 samples per client, 15 % validation, {rounds} rounds, "
+            f"seed {SEED}; validation accuracy, mean of the last {LAST} rounds")
+
+
 def read_grid(grid: Grid) -> dict[str, dict[float, float]]:
     """{strategy: {value: validation accuracy}} for every finished run of the grid."""
     scores: dict[str, dict[float, float]] = {}
@@ -164,8 +170,7 @@ def write_record(grid: Grid) -> list[str]:
     name = grid.setting.split(".")[-1]
     rows = {method: {"validation_accuracy": {str(v): acc for v, acc in sorted(by_value.items())},
                      "chosen": choose(by_value, grid.default)} for method, by_value in sorted(scores.items())}
-    out = {"setting": f"{grid.clients}, 10 clients, Dirichlet alpha 0.3, 500 samples per client, 15 % validation, "
-                      f"{grid.rounds} rounds, seed {SEED}; validation accuracy, mean of the last {LAST} rounds",
+    out = {"setting": tuning_setting(grid.clients, grid.rounds),
            "varied": grid.setting,
            "rule": f"{grid.setting} {grid.default:g} stays unless another value beats it by more than "
                    f"{100 * MARGIN:.0f} point on validation", "methods": rows}
@@ -225,8 +230,7 @@ def write_budget_record(grid: BudgetGrid) -> list[str]:
     chosen = choose(scores, grid.default)
     rule = (f"lr {grid.default[0]:g} with {name} {grid.default[1]:g} (the preset) stays unless another cell beats "
             f"it by more than {100 * MARGIN:.0f} point on validation")
-    out = {"setting": f"{grid.clients}, 10 clients, Dirichlet alpha 0.3, 500 samples per client, 15 % validation, "
-                      f"20 rounds, seed {SEED}; validation accuracy, mean of the last {LAST} rounds",
+    out = {"setting": tuning_setting(grid.clients, "20"),
            "strategy": grid.strategy, "varied": ["train.lr", grid.setting], "rule": rule,
            "candidates": len(scores), "pfedes_candidates": PFEDES_CANDIDATES,
            "validation_accuracy": [{"lr": lr, name: v, "acc": acc} for (lr, v), acc in sorted(scores.items())],
