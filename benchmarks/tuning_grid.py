@@ -16,6 +16,8 @@ same command with only those methods): Local-only, pfedes, FML and the paper for
 FedProto and LG-FedAvg at 0.0025, then FedGH and FedProto, still best at the edge, at 0.00125,
 then FedGH, best there, at 0.000625 (`out_dir=.../lr_grid/lr0.04`, `.../lr0.0025`, `.../lr0.00125`,
 `.../lr0.000625`); on one architecture Local-only and FedRep at 0.04.
+LG-FedAvg's cells of this grid ran at server momentum 0, its preset until its budget grid below
+chose 0.95 (and lr 0.005): to run them again, run lgfedavg alone with `strategy.server_momentum=0`.
 
 The one-architecture learning-rate grid (the one-architecture table's baselines beside Local-only on
 the same clients) is the same with `strategies=[local,fedrep] clients.devices=[phone]` and
@@ -58,8 +60,9 @@ the learning rate its grid chose (one architecture, 20 rounds):
 The equal budget: pfedes's defaults were chosen among 29 validation candidates (25 structural ones in
 the tune.py records and 4 learning rates), so the baselines it is compared with most closely get as
 many, on train.lr against their main setting: FedRep (one architecture) lr x head_epochs, FD (the
-zoo) lr x lam, LG-FedAvg (the zoo) lr x server_momentum. Cells already run by the grids above are
-copied in (the same runs); the rest:
+zoo) lr x lam, LG-FedAvg (the zoo) lr x server_momentum, and the pathological table's other
+baselines FedProto (the zoo) lr x lam and FedGH (the zoo) lr x server_epochs. Cells already run by
+the grids above are copied in (the same runs); the rest:
 
     for lr in 0.0025 0.005 0.01 0.02 0.04 0.08; do for h in 1 3 5 10; do
       pfedes-bench strategies=[fedrep] seeds=[100] clients.devices=[phone] num_rounds=20 \
@@ -75,6 +78,12 @@ copied in (the same runs); the rest:
       pfedes-bench strategies=[lgfedavg] $T train.lr=$lr ++strategy.server_momentum=$m \
         out_dir=benchmarks/results/tuning/lgfedavg_budget/lr${lr}_m$m; done; done
     (then server_momentum 0.95 at lr 0.00125 to 0.02: 29 cells; and 0.98 at lr 0.005, beyond the best cell's edge)
+    for lr in 0.00125 0.0025 0.005 0.01 0.02; do for lam in 0.1 0.3 1 3 10; do
+      pfedes-bench strategies=[fedproto] $T train.lr=$lr ++strategy.lam=$lam \
+        out_dir=benchmarks/results/tuning/fedproto_budget/lr${lr}_lam$lam; done; done
+    for lr in 0.000625 0.00125 0.0025 0.005 0.01; do for e in 1 2 5 10 20; do
+      pfedes-bench strategies=[fedgh] $T train.lr=$lr ++strategy.server_epochs=$e \
+        out_dir=benchmarks/results/tuning/fedgh_budget/lr${lr}_e$e; done; done
 
     python benchmarks/tuning_grid.py
 
@@ -205,6 +214,8 @@ BUDGET_GRIDS = [
     BudgetGrid(RESULTS / "tuning" / "fd_budget", "fd", "the zoo", "strategy.lam", "lam", (0.01, 1.0)),
     BudgetGrid(RESULTS / "tuning" / "lgfedavg_budget", "lgfedavg", "the zoo", "strategy.server_momentum", "m",
                (0.01, 0.0)),
+    BudgetGrid(RESULTS / "tuning" / "fedproto_budget", "fedproto", "the zoo", "strategy.lam", "lam", (0.0025, 1.0)),
+    BudgetGrid(RESULTS / "tuning" / "fedgh_budget", "fedgh", "the zoo", "strategy.server_epochs", "e", (0.00125, 5.0)),
 ]
 
 
@@ -228,7 +239,7 @@ def write_budget_record(grid: BudgetGrid) -> list[str]:
     name = grid.setting.split(".")[-1]
     lrs, values = sorted({lr for lr, _ in scores}), sorted({v for _, v in scores})
     chosen = choose(scores, grid.default)
-    rule = (f"lr {grid.default[0]:g} with {name} {grid.default[1]:g} (the preset) stays unless another cell beats "
+    rule = (f"lr {grid.default[0]:g} with {name} {grid.default[1]:g} (the preset before the grid) stays unless another cell beats "
             f"it by more than {100 * MARGIN:.0f} point on validation")
     out = {"setting": tuning_setting(grid.clients, "20"),
            "strategy": grid.strategy, "varied": ["train.lr", grid.setting], "rule": rule,
