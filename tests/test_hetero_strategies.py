@@ -171,14 +171,15 @@ def test_fedgh_rejects_a_bad_server_setting():
     ("fml", FML, "proxy.1.weight"),
 ])
 def test_shared_weights_are_the_sample_weighted_average(name, cls, key):
-    s = cls(make_cfg(f"strategy={name}", "num_clients=3"))
+    # server momentum 0 makes the step the plain average (LG-FedAvg's preset uses 0.95)
+    s = cls(make_cfg(f"strategy={name}", "num_clients=3", "strategy.server_momentum=0"))
     shape = (2, 3)
     s.current = {key: np.zeros(shape, np.float32)}
     replies = [train_reply(1, {key: np.full(shape, 1.0, np.float32)}, 1),
                train_reply(2, {key: np.full(shape, 5.0, np.float32)}, 3),
                train_reply(3, {key: np.full(shape, 2.0, np.float32)}, 4)]
     new, _ = result(s, replies)
-    # (1*1 + 3*5 + 4*2) / 8 = 3 (no server momentum in these presets)
+    # (1*1 + 3*5 + 4*2) / 8 = 3
     np.testing.assert_allclose(new[key], np.full(shape, 3.0))
 
 
