@@ -61,7 +61,9 @@ The equal budget: pfedes's defaults were chosen among 29 validation candidates (
 the tune.py records and 4 learning rates), so the baselines it is compared with most closely get as
 many, on train.lr against their main setting: FedRep (one architecture) lr x head_epochs, FD (the
 zoo) lr x lam, LG-FedAvg (the zoo) lr x server_momentum, and the pathological table's other
-baselines FedProto (the zoo) lr x lam and FedGH (the zoo) lr x server_epochs. Cells already run by
+baselines FedProto (the zoo) lr x lam, FedGH (the zoo) lr x server_epochs, FML (the zoo) lr x alpha
+(the private model's weight of cross-entropy against distillation from the meme) and the paper form
+(the zoo) lr x mu (the weight of CE(F(G(x))) in F's loss). Cells already run by
 the grids above are copied in (the same runs); the rest:
 
     for lr in 0.0025 0.005 0.01 0.02 0.04 0.08; do for h in 1 3 5 10; do
@@ -81,9 +83,18 @@ the grids above are copied in (the same runs); the rest:
     for lr in 0.00125 0.0025 0.005 0.01 0.02; do for lam in 0.1 0.3 1 3 10; do
       pfedes-bench strategies=[fedproto] $T train.lr=$lr ++strategy.lam=$lam \
         out_dir=benchmarks/results/tuning/fedproto_budget/lr${lr}_lam$lam; done; done
+    (then lam 0.03 at lr 0.00125 and 0.0025, and lr 0.000625 at lam 0.1 and 0.3, one step beyond the
+    best cells' edges: 29 cells)
     for lr in 0.000625 0.00125 0.0025 0.005 0.01; do for e in 1 2 5 10 20; do
       pfedes-bench strategies=[fedgh] $T train.lr=$lr ++strategy.server_epochs=$e \
         out_dir=benchmarks/results/tuning/fedgh_budget/lr${lr}_e$e; done; done
+    (then lr 0.0035 and 0.0075 at server_epochs 1 and 5, between the best cells: 29 cells)
+    for lr in 0.005 0.01 0.02 0.04; do for a in 0.1 0.3 0.5 0.7 0.9; do
+      pfedes-bench strategies=[fml] $T train.lr=$lr ++strategy.alpha=$a \
+        out_dir=benchmarks/results/tuning/fml_budget/lr${lr}_a$a; done; done
+    for lr in 0.005 0.01 0.02 0.04; do for mu in 0.1 0.2 0.3 0.4 0.5; do
+      pfedes-bench strategies=[pfedes_paper] $T train.lr=$lr ++strategy.mu=$mu \
+        out_dir=benchmarks/results/tuning/pfedes_paper_budget/lr${lr}_mu$mu; done; done
 
     python benchmarks/tuning_grid.py
 
@@ -216,6 +227,8 @@ BUDGET_GRIDS = [
                (0.01, 0.0)),
     BudgetGrid(RESULTS / "tuning" / "fedproto_budget", "fedproto", "the zoo", "strategy.lam", "lam", (0.0025, 1.0)),
     BudgetGrid(RESULTS / "tuning" / "fedgh_budget", "fedgh", "the zoo", "strategy.server_epochs", "e", (0.00125, 5.0)),
+    BudgetGrid(RESULTS / "tuning" / "fml_budget", "fml", "the zoo", "strategy.alpha", "a", (0.02, 0.5)),
+    BudgetGrid(RESULTS / "tuning" / "pfedes_paper_budget", "pfedes_paper", "the zoo", "strategy.mu", "mu", (0.01, 0.5)),
 ]
 
 
