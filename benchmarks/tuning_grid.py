@@ -92,6 +92,8 @@ the grids above are copied in (the same runs); the rest:
     for lr in 0.005 0.01 0.02 0.04; do for a in 0.1 0.3 0.5 0.7 0.9; do
       pfedes-bench strategies=[fml] $T train.lr=$lr ++strategy.alpha=$a \
         out_dir=benchmarks/results/tuning/fml_budget/lr${lr}_a$a; done; done
+    (then alpha 0.6 and 0.8 at lr 0.01, 0.02 and 0.04, and lr 0.03 at alpha 0.6 to 0.8, around the best
+    cells: 29 cells)
     for lr in 0.005 0.01 0.02 0.04; do for mu in 0.1 0.2 0.3 0.4 0.5; do
       pfedes-bench strategies=[pfedes_paper] $T train.lr=$lr ++strategy.mu=$mu \
         out_dir=benchmarks/results/tuning/pfedes_paper_budget/lr${lr}_mu$mu; done; done
