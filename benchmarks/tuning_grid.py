@@ -98,6 +98,14 @@ the grids above are copied in (the same runs); the rest:
       pfedes-bench strategies=[pfedes_paper] $T train.lr=$lr ++strategy.mu=$mu \
         out_dir=benchmarks/results/tuning/pfedes_paper_budget/lr${lr}_mu$mu; done; done
 
+Local-only, the reference of every gain, gets the same budget on its own main settings, the
+learning rate against the weight decay (its cells at the shared 0.0005 are the learning-rate grid's
+runs, copied in):
+
+    for lr in 0.005 0.01 0.02 0.04; do for wd in 0 0.0001 0.001 0.002 0.005; do
+      pfedes-bench strategies=[local] $T train.lr=$lr train.weight_decay=$wd \
+        out_dir=benchmarks/results/tuning/local_budget/lr${lr}_wd$wd; done; done
+
     python benchmarks/tuning_grid.py
 
 This reads each run's validation accuracy (the mean of its last 5 rounds; the test split is not
@@ -231,6 +239,7 @@ BUDGET_GRIDS = [
     BudgetGrid(RESULTS / "tuning" / "fedgh_budget", "fedgh", "the zoo", "strategy.server_epochs", "e", (0.00125, 5.0)),
     BudgetGrid(RESULTS / "tuning" / "fml_budget", "fml", "the zoo", "strategy.alpha", "a", (0.02, 0.5)),
     BudgetGrid(RESULTS / "tuning" / "pfedes_paper_budget", "pfedes_paper", "the zoo", "strategy.mu", "mu", (0.01, 0.5)),
+    BudgetGrid(RESULTS / "tuning" / "local_budget", "local", "the zoo", "train.weight_decay", "wd", (0.01, 0.0005)),
 ]
 
 
