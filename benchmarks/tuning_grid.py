@@ -97,6 +97,7 @@ the grids above are copied in (the same runs); the rest:
     for lr in 0.005 0.01 0.02 0.04; do for mu in 0.1 0.2 0.3 0.4 0.5; do
       pfedes-bench strategies=[pfedes_paper] $T train.lr=$lr ++strategy.mu=$mu \
         out_dir=benchmarks/results/tuning/pfedes_paper_budget/lr${lr}_mu$mu; done; done
+    (then mu 0.05, 0.02 and 0.01, beyond the best cells' edge, at lr 0.005, 0.01 and 0.02: 29 cells)
 
 Local-only, the reference of every gain, gets the same budget on its own main settings, the
 learning rate against the weight decay (its cells at the shared 0.0005 are the learning-rate grid's
