@@ -109,6 +109,16 @@ runs, copied in):
     (then lr 0.015 at weight decay 0, 0.0001 and 0.0005, and lr 0.0075 at 0.0001 and 0.0005, around
     the best cells: 29 cells)
 
+pFedMe (one architecture) gets the same budget on the learning rate (its K inner steps' personal
+learning rate follows it, as in its preset) against lambda; every cell is run anew, so the lam
+grids above (made with CIFAR-10's fixed normalisation constants) are not copied in:
+
+    for lr in 0.01 0.02 0.005 0.04 0.0025; do for lam in 0.1 1 15 0.3 3; do
+      pfedes-bench strategies=[pfedme] seeds=[100] clients.devices=[phone] num_rounds=20 \
+        data.partition=dirichlet data.alpha=0.3 data.path=../shared/data/cifar10 data.samples_per_client=500 \
+        data.val_fraction=0.15 num_clients=10 strategy.lr=null train.lr=$lr ++strategy.lam=$lam \
+        out_dir=benchmarks/results/tuning/pfedme_budget/lr${lr}_lam$lam; done; done
+
     python benchmarks/tuning_grid.py
 
 This reads each run's validation accuracy (the mean of its last 5 rounds; the test split is not
@@ -243,6 +253,7 @@ BUDGET_GRIDS = [
     BudgetGrid(RESULTS / "tuning" / "fml_budget", "fml", "the zoo", "strategy.alpha", "a", (0.02, 0.5)),
     BudgetGrid(RESULTS / "tuning" / "pfedes_paper_budget", "pfedes_paper", "the zoo", "strategy.mu", "mu", (0.01, 0.5)),
     BudgetGrid(RESULTS / "tuning" / "local_budget", "local", "the zoo", "train.weight_decay", "wd", (0.01, 0.0005)),
+    BudgetGrid(RESULTS / "tuning" / "pfedme_budget", "pfedme", ONE_ARCH, "strategy.lam", "lam", (0.01, 0.1)),
 ]
 
 
