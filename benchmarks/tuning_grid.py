@@ -119,6 +119,15 @@ grids above (made with CIFAR-10's fixed normalisation constants) are not copied 
         data.val_fraction=0.15 num_clients=10 strategy.lr=null train.lr=$lr ++strategy.lam=$lam \
         out_dir=benchmarks/results/tuning/pfedme_budget/lr${lr}_lam$lam; done; done
 
+CFL (one architecture, 40 rounds: no split comes before its 20-round gate) likewise, the learning
+rate against its split threshold eps2 (eps1 at its preset's 0.4), every cell run anew:
+
+    for lr in 0.01 0.02 0.005 0.04 0.0025; do for e2 in 0.5 0.8 0.3 1.2 0.2; do
+      pfedes-bench strategies=[cfl] seeds=[100] clients.devices=[phone] num_rounds=40 \
+        data.partition=dirichlet data.alpha=0.3 data.path=../shared/data/cifar10 data.samples_per_client=500 \
+        data.val_fraction=0.15 num_clients=10 strategy.lr=null train.lr=$lr ++strategy.eps2=$e2 \
+        out_dir=benchmarks/results/tuning/cfl_budget/lr${lr}_eps2_$e2; done; done
+
     python benchmarks/tuning_grid.py
 
 This reads each run's validation accuracy (the mean of its last 5 rounds; the test split is not
@@ -240,6 +249,7 @@ class BudgetGrid:
     setting: str
     prefix: str
     default: tuple[float, float]  # (lr, value): the preset's cell, kept unless beaten by more than MARGIN
+    rounds: int = 20
 
 
 PFEDES_CANDIDATES = 29  # its 25 structural candidates (the tune.py records) and 4 learning rates
@@ -254,6 +264,8 @@ BUDGET_GRIDS = [
     BudgetGrid(RESULTS / "tuning" / "pfedes_paper_budget", "pfedes_paper", "the zoo", "strategy.mu", "mu", (0.01, 0.5)),
     BudgetGrid(RESULTS / "tuning" / "local_budget", "local", "the zoo", "train.weight_decay", "wd", (0.01, 0.0005)),
     BudgetGrid(RESULTS / "tuning" / "pfedme_budget", "pfedme", ONE_ARCH, "strategy.lam", "lam", (0.01, 0.1)),
+    BudgetGrid(RESULTS / "tuning" / "cfl_budget", "cfl", ONE_ARCH + ", eps1 0.4", "strategy.eps2", "eps2_", (0.01, 0.5),
+               rounds=40),
 ]
 
 
@@ -279,14 +291,14 @@ def write_budget_record(grid: BudgetGrid) -> list[str]:
     chosen = choose(scores, grid.default)
     rule = (f"lr {grid.default[0]:g} with {name} {grid.default[1]:g} (the preset before the grid) stays unless another cell beats "
             f"it by more than {100 * MARGIN:.0f} point on validation")
-    out = {"setting": tuning_setting(grid.clients, "20"),
+    out = {"setting": tuning_setting(grid.clients, str(grid.rounds)),
            "strategy": grid.strategy, "varied": ["train.lr", grid.setting], "rule": rule,
            "candidates": len(scores), "pfedes_candidates": PFEDES_CANDIDATES,
            "validation_accuracy": [{"lr": lr, name: v, "acc": acc} for (lr, v), acc in sorted(scores.items())],
            "chosen": None if chosen is None else {"lr": chosen[0], name: chosen[1]}}
     (grid.directory.parent / f"{grid.directory.name}.json").write_text(json.dumps(out, indent=2) + "\n")
     lines = [f"{grid.strategy}: validation accuracy % ({grid.clients}; tuning seed {SEED}, mean of the last {LAST} "
-             f"of 20 rounds) by train.lr (rows) and {grid.setting} (columns), {len(scores)} candidates against "
+             f"of {grid.rounds} rounds) by train.lr (rows) and {grid.setting} (columns), {len(scores)} candidates against "
              f"pfedes's {PFEDES_CANDIDATES}; `python benchmarks/tuning_grid.py`. Rule: {rule}.", "",
              "| lr | " + " | ".join(f"{name} {v:g}" for v in values) + " |", "|---|" + "---|" * len(values)]
     for lr in lrs:
