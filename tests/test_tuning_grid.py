@@ -38,3 +38,20 @@ def test_a_grid_without_a_finished_run_writes_nothing(tmp_path):
     grid = tg.Grid(tmp_path / "cfl_eps", "one architecture", "strategy.eps2", "eps2_", 1.6, "40")
     assert tg.write_record(grid) == []
     assert not (tmp_path / "cfl_eps.json").exists()
+
+
+def test_a_budget_record_parses_lr_and_value_from_the_cell_and_states_its_rounds(tmp_path):
+    grid = tg.BudgetGrid(tmp_path / "cfl_budget", "cfl", "one architecture", "strategy.eps2", "eps2_", (0.01, 0.5),
+                         rounds=40)
+    finished_run(grid.directory / "lr0.01_eps2_0.5" / "cfl" / "seed100", val=0.50, test=0.90)
+    finished_run(grid.directory / "lr0.02_eps2_0.5" / "cfl" / "seed100", val=0.505, test=0.10)  # under the margin
+    finished_run(grid.directory / "lr0.0025_eps2_1.2" / "cfl" / "seed100", val=0.45, test=0.99)
+    (grid.directory / "lr0.04_eps2_0.2" / "cfl" / "seed100").mkdir(parents=True)  # still running
+    lines = tg.write_budget_record(grid)
+    record = json.loads((tmp_path / "cfl_budget.json").read_text())
+    assert record["validation_accuracy"] == [{"lr": 0.0025, "eps2": 1.2, "acc": 0.45},
+                                             {"lr": 0.01, "eps2": 0.5, "acc": 0.50},
+                                             {"lr": 0.02, "eps2": 0.5, "acc": 0.505}]
+    assert record["chosen"] == {"lr": 0.01, "eps2": 0.5} and record["candidates"] == 3
+    assert "40 rounds" in record["setting"] and "of 40 rounds" in lines[0]
+    assert lines[-1] == "Chosen: lr 0.01, eps2 0.5"
