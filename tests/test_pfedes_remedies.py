@@ -150,6 +150,8 @@ def test_normalised_proxies_share_the_same_keys_on_every_architecture(norm):
     ("proxy_width", 0, "strategy.proxy_width must be >= 1"),
     ("proxy_classifier", "frozen", "strategy.proxy_classifier 'frozen' is unknown"),
     ("proxy_classifier", "fixed", "strategy.proxy_classifier 'fixed' needs a shared classifier"),
+    ("proxy_feature_ce_weight", -1, "strategy.proxy_feature_ce_weight must be >= 0"),
+    ("proxy_feature_ce_weight", 1, "strategy.proxy_feature_ce_weight needs a shared classifier"),
     ("ensemble_weight", "learned", "strategy.ensemble_weight 'learned' is unknown"),
     ("ensemble_weight", "validated", "strategy.ensemble_weight 'validated' needs fusion: ensemble"),
 ])
@@ -292,6 +294,23 @@ def test_a_fixed_shared_classifier_stays_as_received_while_the_proxy_learns(smal
     for key in ("proxy.classifier.weight", "proxy.classifier.bias"):
         assert torch.equal(sent[key], received[key])
     assert not torch.equal(sent["proxy.out.weight"], received["proxy.out.weight"])
+
+
+def test_the_feature_ce_moves_only_the_proxy_and_counts_every_class_as_a_negative():
+    t = trainer(fusion="ensemble", warmup_steps=0, proxy_norm="group", proxy_head="shared",
+                proxy_feature_ce_weight=1.0, proxy_align_weight=0, lam=0)
+    x, y = torch.randn(6, 3, 32, 32), torch.tensor([0, 1, 0, 1, 0, 1])
+    e = t.proxy(x)
+    metrics: dict[str, float] = {}
+    loss = t.proxy_loss(x, y, e, None, metrics)
+    # the plain CE over all 10 classes (no label prior), with C's weights as they are
+    logits = e @ t.proxy.classifier.weight.T + t.proxy.classifier.bias
+    assert metrics["proxy_feature_ce"] == pytest.approx(F.cross_entropy(logits, y).item(), rel=1e-5)
+    loss.backward()
+    assert t.proxy.classifier.weight.grad is None  # C is held fixed in this term
+    assert t.proxy.out.weight.grad is not None and t.proxy.out.weight.grad.abs().sum() > 0
+    # a class this client never sees still gets probability mass the features are pushed from
+    assert F.softmax(logits, 1)[:, 2:].sum().item() > 0.1
 
 
 def test_predict_with_received_uses_the_proxy_the_server_sent(small_data):

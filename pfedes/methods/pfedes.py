@@ -27,6 +27,7 @@ class PFedESSettings(MomentumSettings):
     warmup_steps: int               # first local steps with F_k frozen
     proxy_align_weight: float = 1.0
     proxy_ce_weight: float = 0.0
+    proxy_feature_ce_weight: float = 0.0  # plain CE on the proxy's features against C held fixed
     variance_weight: float = 0.0
     covariance_weight: float = 0.0
     proxy_lr_scale: float           # E_proxy's learning rate = proxy_lr_scale * train.lr
@@ -49,7 +50,8 @@ class PFedESSettings(MomentumSettings):
         one_of("align", self.align, ALIGN_KINDS)
         at_least("temperature", self.temperature, 0, strict=True)
         at_least("warmup_steps", self.warmup_steps, 0)
-        for key in ("proxy_align_weight", "proxy_ce_weight", "variance_weight", "covariance_weight"):
+        for key in ("proxy_align_weight", "proxy_ce_weight", "proxy_feature_ce_weight", "variance_weight",
+                    "covariance_weight"):
             at_least(key, getattr(self, key), 0)
         at_least("proxy_lr_scale", self.proxy_lr_scale, 0, strict=True)
         at_least("proxy_epochs", self.proxy_epochs, 0)
@@ -76,6 +78,8 @@ class PFedESSettings(MomentumSettings):
         one_of("proxy_classifier", self.proxy_classifier, PROXY_CLASSIFIERS)
         if self.proxy_classifier == "fixed" and not (self.proxy_ce_weight or self.proxy_head == "shared"):
             fail("proxy_classifier", "'fixed' needs a shared classifier (proxy_head: shared or proxy_ce_weight > 0)")
+        if self.proxy_feature_ce_weight and not (self.proxy_ce_weight or self.proxy_head == "shared"):
+            fail("proxy_feature_ce_weight", "needs a shared classifier (proxy_head: shared or proxy_ce_weight > 0)")
         one_of("ensemble_weight", self.ensemble_weight, ENSEMBLE_WEIGHTINGS)
         if self.ensemble_weight == "validated" and self.fusion != "ensemble":
             fail("ensemble_weight", f"'validated' needs fusion: ensemble, got fusion '{self.fusion}'")

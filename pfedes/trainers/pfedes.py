@@ -37,6 +37,14 @@ more of them.
   everywhere), instead of each pulling C toward its own classes; the branch predicts
   C(e_proxy) + log pi_k, the shared classifier put back on this client's label mix.
 
+`proxy_feature_ce_weight` > 0 adds, to the proxy's loss, the plain CE of the proxy's features
+against the shared classifier C held fixed for this term: CE(W.detach() e_proxy + b.detach(), y),
+every class a negative, including those this client never sees. The logit-adjusted CE that trains
+C (`proxy_head: shared`) hardly moves the features away from an absent class (its logit is
+pushed down by log pi_k), so under strong label skew each client's proxy only learns to separate
+its own classes; this term makes it separate them from the others too, while C stays trained by
+the adjusted loss only (FedLC's classifier, with the features of a full softmax).
+
 `proxy_classifier: fixed` keeps the shared classifier C as initialised (the same on every client,
 since the server sends the initial proxy): only E_proxy learns, toward fixed class directions, so
 clients that see different classes no longer pull C apart and move the features instead
@@ -136,6 +144,11 @@ class LabelPrior(nn.Module):
         return logits + self.log_prior
 
 
+def features_against_fixed(classifier: nn.Linear, features: torch.Tensor) -> torch.Tensor:
+    """The classifier's logits with its weights held fixed: the gradient reaches only `features`."""
+    return F.linear(features, classifier.weight.detach(), classifier.bias.detach())
+
+
 def mutual_distillation(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """KL(p_b || p_a) + KL(p_a || p_b), each toward the other's fixed prediction (Deep Mutual
     Learning): each branch learns from the other's class probabilities as well as the labels."""
@@ -151,6 +164,7 @@ class PFedESTrainer(Trainer):
         self.lam, self.align, self.temperature = s.lam, s.align, s.temperature
         self.warmup_steps = s.warmup_steps
         self.proxy_align_weight, self.proxy_ce_weight = s.proxy_align_weight, s.proxy_ce_weight
+        self.proxy_feature_ce_weight = s.proxy_feature_ce_weight
         self.variance_weight, self.covariance_weight = s.variance_weight, s.covariance_weight
         self.proxy_epochs, self.fusion, self.distill_weight = s.proxy_epochs, s.fusion, s.distill_weight
         self.proxy_schedule, self.proxy_head_epochs = s.proxy_schedule, s.proxy_head_epochs
@@ -274,6 +288,10 @@ class PFedESTrainer(Trainer):
             shared_ce = F.cross_entropy(self.proxy.classify(e_proxy), y)
             loss = loss + self.proxy_ce_weight * shared_ce
             metrics["proxy_ce"] = shared_ce.item()
+        if self.proxy_feature_ce_weight:
+            feature_ce = F.cross_entropy(features_against_fixed(self.proxy.classifier, e_proxy), y)
+            loss = loss + self.proxy_feature_ce_weight * feature_ce
+            metrics["proxy_feature_ce"] = feature_ce.item()
         metrics["proxy_loss"] = loss.item()
         return loss
 
