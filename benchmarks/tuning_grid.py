@@ -118,6 +118,8 @@ grids above (made with CIFAR-10's fixed normalisation constants) are not copied 
         data.partition=dirichlet data.alpha=0.3 data.path=../shared/data/cifar10 data.samples_per_client=500 \
         data.val_fraction=0.15 num_clients=10 strategy.lr=null train.lr=$lr ++strategy.lam=$lam \
         out_dir=benchmarks/results/tuning/pfedme_budget/lr${lr}_lam$lam; done; done
+    (then, since lr 0.04 rose with lam to the corner, the same command at lr 0.04 with lam 30 and
+    at lr 0.08 with lam 3, 15 and 30: 29 cells)
 
 CFL (one architecture, 40 rounds: no split comes before its 20-round gate) likewise, the learning
 rate against its split threshold eps2 (eps1 at its preset's 0.4), every cell run anew:
