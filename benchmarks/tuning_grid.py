@@ -57,8 +57,8 @@ the learning rate its grid chose (one architecture, 20 rounds):
         data.val_fraction=0.15 num_clients=10 train.lr=0.02 strategy.lr=null ++strategy.head_epochs=$h \
         out_dir=benchmarks/results/tuning/fedrep_head/h$h; done
 
-The equal budget: pfedes's defaults were chosen among 29 validation candidates (25 structural ones in
-the tune.py records and 4 learning rates), so the baselines it is compared with most closely get as
+The equal budget: pfedes's defaults were chosen among 31 validation candidates (25 structural ones in
+the tune.py records and 4 learning rates, then proxy_epochs 10 and 20 beyond the edge of its 1 / 3 / 5), so the baselines it is compared with most closely get as
 many, on train.lr against their main setting: FedRep (one architecture) lr x head_epochs, FD (the
 zoo) lr x lam, LG-FedAvg (the zoo) lr x server_momentum, and the pathological table's other
 baselines FedProto (the zoo) lr x lam, FedGH (the zoo) lr x server_epochs, FML (the zoo) lr x alpha
@@ -71,7 +71,9 @@ the grids above are copied in (the same runs); the rest:
         data.partition=dirichlet data.alpha=0.3 data.path=../shared/data/cifar10 data.samples_per_client=500 \
         data.val_fraction=0.15 num_clients=10 strategy.lr=null train.lr=$lr ++strategy.head_epochs=$h \
         out_dir=benchmarks/results/tuning/fedrep_budget/lr${lr}_h$h; done; done
-    (then head_epochs 20, one step beyond the edge, at lr 0.005 to 0.08: 29 cells)
+    (then head_epochs 20, one step beyond the edge, at lr 0.005 to 0.08: 29 cells; then, when pfedes's
+    pass count was found at its grid's edge and got 2 more cells, head_epochs 40 at lr 0.005 and 0.01,
+    where the best cells rose to the edge: 31 cells)
     for lr in 0.0025 0.005 0.01 0.02 0.04; do for lam in 0.1 0.3 1 3 10; do
       pfedes-bench strategies=[fd] $T train.lr=$lr ++strategy.lam=$lam \
         out_dir=benchmarks/results/tuning/fd_budget/lr${lr}_lam$lam; done; done
@@ -250,22 +252,25 @@ class BudgetGrid:
     clients: str
     setting: str
     prefix: str
-    default: tuple[float, float]  # (lr, value): the preset's cell, kept unless beaten by more than MARGIN
+    # (lr, value): the preset's cell, kept unless beaten by more than MARGIN. Where a grid replaced the
+    # preset before it (LG-FedAvg, FML, the paper form, pFedMe: README), this is the cell it chose, so a
+    # cell added later replaces it only by the same rule.
+    default: tuple[float, float]
     rounds: int = 20
 
 
-PFEDES_CANDIDATES = 29  # its 25 structural candidates (the tune.py records) and 4 learning rates
+PFEDES_CANDIDATES = 31  # 25 structural candidates and 4 learning rates, then proxy_epochs 10 and 20 past its grid's edge
 BUDGET_GRIDS = [
     BudgetGrid(RESULTS / "tuning" / "fedrep_budget", "fedrep", ONE_ARCH, "strategy.head_epochs", "h", (0.02, 5.0)),
     BudgetGrid(RESULTS / "tuning" / "fd_budget", "fd", "the zoo", "strategy.lam", "lam", (0.01, 1.0)),
     BudgetGrid(RESULTS / "tuning" / "lgfedavg_budget", "lgfedavg", "the zoo", "strategy.server_momentum", "m",
-               (0.01, 0.0)),
+               (0.005, 0.95)),
     BudgetGrid(RESULTS / "tuning" / "fedproto_budget", "fedproto", "the zoo", "strategy.lam", "lam", (0.0025, 1.0)),
     BudgetGrid(RESULTS / "tuning" / "fedgh_budget", "fedgh", "the zoo", "strategy.server_epochs", "e", (0.00125, 5.0)),
-    BudgetGrid(RESULTS / "tuning" / "fml_budget", "fml", "the zoo", "strategy.alpha", "a", (0.02, 0.5)),
-    BudgetGrid(RESULTS / "tuning" / "pfedes_paper_budget", "pfedes_paper", "the zoo", "strategy.mu", "mu", (0.01, 0.5)),
+    BudgetGrid(RESULTS / "tuning" / "fml_budget", "fml", "the zoo", "strategy.alpha", "a", (0.02, 0.8)),
+    BudgetGrid(RESULTS / "tuning" / "pfedes_paper_budget", "pfedes_paper", "the zoo", "strategy.mu", "mu", (0.01, 0.1)),
     BudgetGrid(RESULTS / "tuning" / "local_budget", "local", "the zoo", "train.weight_decay", "wd", (0.01, 0.0005)),
-    BudgetGrid(RESULTS / "tuning" / "pfedme_budget", "pfedme", ONE_ARCH, "strategy.lam", "lam", (0.01, 0.1)),
+    BudgetGrid(RESULTS / "tuning" / "pfedme_budget", "pfedme", ONE_ARCH, "strategy.lam", "lam", (0.005, 0.3)),
     BudgetGrid(RESULTS / "tuning" / "cfl_budget", "cfl", ONE_ARCH + ", eps1 0.4", "strategy.eps2", "eps2_", (0.01, 0.5),
                rounds=40),
 ]
@@ -291,7 +296,7 @@ def write_budget_record(grid: BudgetGrid) -> list[str]:
     name = grid.setting.split(".")[-1]
     lrs, values = sorted({lr for lr, _ in scores}), sorted({v for _, v in scores})
     chosen = choose(scores, grid.default)
-    rule = (f"lr {grid.default[0]:g} with {name} {grid.default[1]:g} (the preset before the grid) stays unless another cell beats "
+    rule = (f"lr {grid.default[0]:g} with {name} {grid.default[1]:g} (the preset) stays unless another cell beats "
             f"it by more than {100 * MARGIN:.0f} point on validation")
     out = {"setting": tuning_setting(grid.clients, str(grid.rounds)),
            "strategy": grid.strategy, "varied": ["train.lr", grid.setting], "rule": rule,
