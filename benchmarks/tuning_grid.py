@@ -132,6 +132,14 @@ rate against its split threshold eps2 (eps1 at its preset's 0.4), every cell run
         data.val_fraction=0.15 num_clients=10 strategy.lr=null train.lr=$lr ++strategy.eps2=$e2 \
         out_dir=benchmarks/results/tuning/cfl_budget/lr${lr}_eps2_$e2; done; done
 
+When pfedes's pass count was extended past its grid's edge (2 more candidates, 31 in all), each
+baseline was owed 2 more cells: beyond its grid's edge where its best cells lay there (FedRep above,
+FedProto lam 0.01 at lr 0.00125 and 0.0025), else beside its best cell (the same commands with:
+Local-only lr 0.015 wd 0.001 and lr 0.0125 wd 0.0001; FD lam 1 at lr 0.0075 and 0.015; LG-FedAvg
+server_momentum 0.98 at lr 0.0025 and 0.01; FedGH lr 0.00175 at server_epochs 1 and 5; FML lr 0.015
+alpha 0.8 and lr 0.03 alpha 0.9; the paper form mu 0.1 at lr 0.0075 and 0.015). pFedMe (29) and CFL
+(25) are still owed 2 and 6.
+
     python benchmarks/tuning_grid.py
 
 This reads each run's validation accuracy (the mean of its last 5 rounds; the test split is not
