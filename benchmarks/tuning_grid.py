@@ -137,8 +137,9 @@ baseline was owed 2 more cells: beyond its grid's edge where its best cells lay 
 FedProto lam 0.01 at lr 0.00125 and 0.0025), else beside its best cell (the same commands with:
 Local-only lr 0.015 wd 0.001 and lr 0.0125 wd 0.0001; FD lam 1 at lr 0.0075 and 0.015; LG-FedAvg
 server_momentum 0.98 at lr 0.0025 and 0.01; FedGH lr 0.00175 at server_epochs 1 and 5; FML lr 0.015
-alpha 0.8 and lr 0.03 alpha 0.9; the paper form mu 0.1 at lr 0.0075 and 0.015). pFedMe (29) and CFL
-(25) are still owed 2 and 6.
+alpha 0.8 and lr 0.03 alpha 0.9; the paper form mu 0.1 at lr 0.0075 and 0.015). pFedMe (29) got lam
+0.3 at lr 0.0035 and 0.0075, beside its best cells; CFL (25) got lr 0.0075 and 0.015 at eps2 0.3, 0.5
+and 0.8, beside its best cells: 31 each, and both presets stand.
 
     python benchmarks/tuning_grid.py
 
