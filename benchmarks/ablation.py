@@ -15,7 +15,9 @@ default with one setting changed:
 
 writes `benchmarks/results/ablation/ablation.json` and `ablation.md`. A row whose runs are not
 all there is reported with the seeds it has (and says so); a run that did not reach the
-reference's rounds is left out.
+reference's rounds is left out, and so is a single-setting run whose other settings differ from the
+default's run of the same seed (one made before the default changed; re-running its command
+re-runs it).
 """
 
 from __future__ import annotations
@@ -27,49 +29,89 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import RESULTS, paired, pct, stat  # noqa: E402
 
+from pfedes.bench.runs import REUSE_FREE_KEYS  # noqa: E402
+from pfedes.config import with_later_settings  # noqa: E402
+
 REFERENCE = RESULTS / "hetero_dirichlet_val"
 ROUNDS = 60
 SEEDS = (0, 1, 2)
-# (label, what changes against the default, bench directory, strategy)
+# (label, what changes against the default, bench directory, strategy, the one strategy setting a
+# single-setting row changes: None for the reference table's own runs)
 ROWS = [
-    ("default (`pfedes`)", "—", REFERENCE, "pfedes"),
-    ("nothing shared", "share: [] (`pfedes_unshared`): each client keeps its own proxy", REFERENCE, "pfedes_unshared"),
+    ("default (`pfedes`)", "—", REFERENCE, "pfedes", None),
+    ("nothing shared", "share: [] (`pfedes_unshared`): each client keeps its own proxy", REFERENCE,
+     "pfedes_unshared", None),
     ("private proxy head", "proxy_head=private: a private head G_k on the proxy instead of the shared, "
-                           "logit-adjusted classifier C", RESULTS / "ablation" / "proxy_head_private", "pfedes"),
+                           "logit-adjusted classifier C", RESULTS / "ablation" / "proxy_head_private", "pfedes",
+     "proxy_head"),
     ("proxy as trained here", "predict_with=local: the prediction uses the proxy after this client's passes, "
-                              "not the one the server sent", RESULTS / "ablation" / "predict_with_local", "pfedes"),
-    ("no extra proxy passes", "proxy_epochs=0 (the default takes 5)", RESULTS / "ablation" / "proxy_epochs_0", "pfedes"),
+                              "not the one the server sent", RESULTS / "ablation" / "predict_with_local", "pfedes",
+     "predict_with"),
+    ("no extra proxy passes", "proxy_epochs=0 (the default takes {proxy_epochs})",
+     RESULTS / "ablation" / "proxy_epochs_0", "pfedes", "proxy_epochs"),
     ("no normalisation in the proxy", "proxy_norm=none (the default: GroupNorm)",
-     RESULTS / "ablation" / "proxy_norm_none", "pfedes"),
+     RESULTS / "ablation" / "proxy_norm_none", "pfedes", "proxy_norm"),
     ("previous default", "`pfedes_ensemble`: private head G_k, the proxy as trained here, 3 extra passes",
-     REFERENCE, "pfedes_ensemble"),
+     REFERENCE, "pfedes_ensemble", None),
     ("seed form", "`pfedes_seed`: MSE alignment, no proxy in the prediction, proxy lr 0.1x, beta 0.5",
-     REFERENCE, "pfedes_seed"),
+     REFERENCE, "pfedes_seed", None),
 ]
 
 
-def accuracies(directory: Path, strategy: str) -> dict[int, dict[str, float]]:
-    """{seed: {"acc", "worst"}} of the runs that finished the reference's rounds."""
+def summaries(directory: Path, strategy: str) -> dict[int, dict]:
+    """{seed: summary.json} of the runs that finished the reference's rounds."""
     out = {}
     for seed in SEEDS:
         path = directory / strategy / f"seed{seed}" / "summary.json"
-        if not path.is_file():
+        if path.is_file():
+            summary = json.loads(path.read_text())
+            if int(summary["rounds"]) == ROUNDS:
+                out[seed] = summary
+    return out
+
+
+def changed_settings(run: dict, default: dict) -> set[str]:
+    """The settings (dotted) in which a run's saved config differs from the default's, with the
+    settings added since either ran at their defaults, as the bench reads a finished run."""
+    theirs = default["config"]
+    mine = with_later_settings(run["config"], theirs)
+
+    def diff(a: dict, b: dict, prefix: str = "") -> set[str]:
+        out = set()
+        for key in a.keys() | b.keys():
+            if prefix == "" and key in REUSE_FREE_KEYS:
+                continue
+            x, y = a.get(key), b.get(key)
+            out |= diff(x, y, f"{prefix}{key}.") if isinstance(x, dict) and isinstance(y, dict) else (
+                {prefix + key} if x != y else set())
+        return out
+
+    return diff(mine, theirs)
+
+
+def accuracies(directory: Path, strategy: str, changes: str | None,
+               defaults: dict[int, dict]) -> dict[int, dict[str, float]]:
+    """{seed: {"acc", "worst"}} of a row's runs; a single-setting row keeps only the runs that differ
+    from the default's run of their seed in that one setting."""
+    out = {}
+    for seed, summary in summaries(directory, strategy).items():
+        if changes is not None and (seed not in defaults or changed_settings(summary, defaults[seed]) != {f"strategy.{changes}"}):
             continue
-        summary = json.loads(path.read_text())
-        if int(summary["rounds"]) == ROUNDS:
-            out[seed] = {"acc": summary["acc_mean_last5"], "worst": summary["acc_worst_last5"]}
+        out[seed] = {"acc": summary["acc_mean_last5"], "worst": summary["acc_worst_last5"]}
     return out
 
 
 def main() -> None:
-    local = {s: v["acc"] for s, v in accuracies(REFERENCE, "local").items()}
-    default = {s: v["acc"] for s, v in accuracies(REFERENCE, "pfedes").items()}
+    defaults = summaries(REFERENCE, "pfedes")
+    local = {s: v["acc"] for s, v in accuracies(REFERENCE, "local", None, defaults).items()}
+    default = {s: v["acc"] for s, v in accuracies(REFERENCE, "pfedes", None, defaults).items()}
+    default_settings = next(iter(defaults.values()))["config"]["strategy"] if defaults else {}
     rows = []
-    for label, change, directory, strategy in ROWS:
-        runs = accuracies(directory, strategy)
+    for label, change, directory, strategy, changes in ROWS:
+        runs = accuracies(directory, strategy, changes, defaults)
         acc = {s: v["acc"] for s, v in runs.items()}
         rows.append({
-            "row": label, "change": change, "runs": f"{directory.relative_to(RESULTS.parents[1])}/{strategy}",
+            "row": label, "change": change.format(**default_settings), "runs": f"{directory.relative_to(RESULTS.parents[1])}/{strategy}",
             "seeds": sorted(runs),
             "accuracy": stat(list(acc.values())) if acc else None,
             "worst_client": stat([v["worst"] for v in runs.values()]) if runs else None,

@@ -280,11 +280,31 @@ def test_ablation_reads_only_runs_that_reached_the_reference_rounds_and_pairs_by
         run.mkdir(parents=True)
         (run / "summary.json").write_text(json.dumps(
             {"rounds": rounds, "acc_mean_last5": acc, "acc_worst_last5": acc - 0.1}))
-    runs = accuracies(tmp_path, "pfedes")
+    runs = accuracies(tmp_path, "pfedes", None, {})
     assert sorted(runs) == [0, 1]  # seed 2 stopped early: left out
     gain = paired({s: v["acc"] for s, v in runs.items()}, {0: 0.6, 1: 0.6, 2: 0.1})
     assert gain["mean"] == pytest.approx(0.07) and gain["by_seed"] == {0: pytest.approx(0.1), 1: pytest.approx(0.04)}
     assert paired({0: 0.5}, {1: 0.5}) is None
+
+
+def test_ablation_leaves_out_a_single_setting_run_made_before_the_default_changed(tmp_path):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from ablation import ROUNDS, accuracies
+
+    from pfedes.config import experiment_config
+
+    default = experiment_config(["strategy=pfedes"])
+    defaults = {seed: {"config": dict(default, out_dir=f"ref/seed{seed}")} for seed in (0, 1, 2)}
+    row = {0: ["strategy.proxy_norm=none"],  # the row's one change: kept
+           1: ["strategy.proxy_norm=none", "strategy.proxy_epochs=3"],  # an older default besides: left out
+           2: []}  # not the row's change at all: left out
+    for seed, overrides in row.items():
+        run = tmp_path / "pfedes" / f"seed{seed}"
+        run.mkdir(parents=True)
+        config = dict(experiment_config(["strategy=pfedes", *overrides]), out_dir=str(run), run_token=str(seed))
+        (run / "summary.json").write_text(json.dumps(
+            {"rounds": ROUNDS, "acc_mean_last5": 0.6, "acc_worst_last5": 0.5, "config": config}))
+    assert sorted(accuracies(tmp_path, "pfedes", "proxy_norm", defaults)) == [0]
 
 
 def test_scale_counts_each_trained_clients_state_and_the_servers_bytes_per_known_node(tmp_path):
