@@ -3,11 +3,17 @@
 rejection (the default), with direction-anomaly rejection added, and with a trimmed mean, the
 median or Multi-Krum (each after the norm check), beside the clean run, paired by seed.
 
-    python benchmarks/poisoning.py [--seeds 0 1 2] [--attackers 0 5] [--out DIR] [hydra overrides]
+    python benchmarks/poisoning.py [--seeds 0 1 2] [--attackers 0 5] [--conditions flip:default ...]
+                                   [--out DIR] [hydra overrides]
 
 The attackers live here only: this file's ClientApp wraps pfedes's own and rewrites the train
 reply of the attacking partitions (update u = sent - received becomes 100 u, or -u). No setting in
-conf/ reaches it. Runs are reused when finished with the same configuration (as pfedes-bench).
+conf/ reaches it. Runs are reused when finished with the same configuration (as pfedes-bench); a
+clean run with the default defence is also taken from the reference table
+(`benchmarks/results/hetero_dirichlet_val`) when it finished there with the same configuration,
+as it does with `num_rounds=60 data.val_fraction=0.15` (the plateau protocol; the default is 20
+rounds without a validation split). `--conditions` runs a subset (attack:defence; the clean run
+with the default defence is always run, as every other run is paired with it).
 Writes <out>/poisoning.csv, poisoning.json and poisoning.png (default out: benchmarks/results/poisoning).
 """
 
@@ -23,7 +29,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, Context, Message
 from flwr.clientapp import ClientApp
 
-from _common import RESULTS, default_data_path, experiment
+from _common import REFERENCE_BENCH, RESULTS, default_data_path, experiment
 from pfedes.client_app import decode_downlink
 
 ATTACKS = {"scale": 100.0, "flip": -1.0}  # u -> factor * u
@@ -90,6 +96,8 @@ def run_condition(attack: str, defence: str, seed: int, attackers: list[int], ou
     if attack != "clean":
         cfg["attack"] = {"factor": ATTACKS[attack], "partitions": attackers}
     rounds = finished_rounds(run_dir, cfg)
+    if rounds is None and (attack, defence) == ("clean", "default"):
+        rounds = finished_rounds(REFERENCE_BENCH / str(cfg["strategy"]["name"]) / f"seed{seed}", cfg)
     if rounds is None:
         from pfedes import config
 
@@ -113,25 +121,28 @@ def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--attackers", type=int, nargs="+", default=[0, 5], help="partition ids")
+    parser.add_argument("--conditions", nargs="+", choices=[f"{a}:{d}" for a, d in CONDITIONS],
+                        default=[f"{a}:{d}" for a, d in CONDITIONS], help="attack:defence")
     parser.add_argument("--out", type=Path, default=RESULTS / "poisoning")
     args, overrides = parser.parse_known_args(argv)
+    conditions = [(a, d) for a, d in CONDITIONS if f"{a}:{d}" in args.conditions or (a, d) == ("clean", "default")]
     overrides = [f"data.path={default_data_path()}", "num_clients=10", "data.partition=dirichlet",
                  "data.alpha=0.3", "data.samples_per_client=500", *overrides]
     rows = []
     for seed in args.seeds:
-        for attack, defence in CONDITIONS:
+        for attack, defence in conditions:
             rounds = run_condition(attack, defence, seed, args.attackers, args.out, overrides)
             rows.append({"attack": attack, "defence": defence, "seed": seed, "acc_last5": last_mean(rounds),
                          "dropped_per_round": float(np.mean([r["clients_dropped"] for r in rounds]))})
             print(f"[poisoning] seed {seed} {attack:5s} {defence:12s} acc {rows[-1]['acc_last5']:.3f} "
                   f"dropped/round {rows[-1]['dropped_per_round']:.2f}", flush=True)
-    report(rows, args, overrides)
+    report(rows, conditions, args, overrides)
 
 
-def report(rows: list[dict], args, overrides: list[str]) -> None:
+def report(rows: list[dict], conditions: list[tuple[str, str]], args, overrides: list[str]) -> None:
     clean = {r["seed"]: r["acc_last5"] for r in rows if (r["attack"], r["defence"]) == ("clean", "default")}
     summary = []
-    for attack, defence in CONDITIONS:
+    for attack, defence in conditions:
         runs = [r for r in rows if (r["attack"], r["defence"]) == (attack, defence)]
         accs = np.array([r["acc_last5"] for r in runs]) * 100
         gaps = np.array([r["acc_last5"] - clean[r["seed"]] for r in runs]) * 100
@@ -143,6 +154,8 @@ def report(rows: list[dict], args, overrides: list[str]) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     command = "python benchmarks/poisoning.py " + " ".join(
         [f"--seeds {' '.join(map(str, args.seeds))}", f"--attackers {' '.join(map(str, args.attackers))}"]
+        + ([] if len(conditions) == len(CONDITIONS) else [f"--conditions {' '.join(args.conditions)}"])
+        + [f"--out {args.out}"] * (args.out.resolve() != RESULTS / "poisoning")
         + overrides)
     (args.out / "poisoning.json").write_text(json.dumps({"command": command, "runs": rows, "summary": summary},
                                                         indent=2))

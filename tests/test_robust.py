@@ -184,6 +184,54 @@ def test_a_scaled_attacker_wrecks_the_undefended_run_and_the_default_drops_it_an
     assert all(r["update_cosine_min"] < 0 for r in flipped)
 
 
+def test_poisoning_takes_the_clean_default_run_from_the_reference_table_and_nothing_else(tmp_path, monkeypatch):
+    import json
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import poisoning
+    from _common import experiment
+
+    overrides = ["num_rounds=2", "data.path=embedded"]
+    reference = tmp_path / "reference" / "pfedes" / "seed0"
+    reference.mkdir(parents=True)
+    (reference / "summary.json").write_text(json.dumps(
+        {"config": experiment(overrides, seed=0, out_dir=str(reference))}))
+    (reference / "metrics.jsonl").write_text("\n".join(json.dumps({"round": r, "acc_mean": 0.5}) for r in (1, 2)))
+    monkeypatch.setattr(poisoning, "REFERENCE_BENCH", tmp_path / "reference")
+    simulated = []
+    monkeypatch.setattr("pfedes.sim.simulate", lambda cfg, **_: simulated.append(cfg) or (_ for _ in ()).throw(
+        RuntimeError("simulated")))
+    assert [r["round"] for r in poisoning.run_condition("clean", "default", 0, [0], tmp_path / "out", overrides)] == [1, 2]
+    assert simulated == []
+    for attack, defence, extra in [("flip", "default", []), ("clean", "multikrum", []),
+                                   ("clean", "default", ["num_rounds=3"])]:
+        with pytest.raises(RuntimeError, match="simulated"):
+            poisoning.run_condition(attack, defence, 0, [0], tmp_path / "out", [*overrides, *extra])
+    assert len(simulated) == 3
+
+
+def test_poisoning_runs_the_chosen_conditions_beside_the_clean_default(tmp_path, monkeypatch):
+    import json
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import poisoning
+
+    ran = []
+    accuracy = {("clean", "default"): 0.6, ("flip", "default"): 0.55}
+    monkeypatch.setattr(poisoning, "run_condition", lambda attack, defence, seed, *_: ran.append(
+        (attack, defence, seed)) or [{"acc_mean": accuracy[attack, defence], "clients_dropped": 0}] * 5)
+    poisoning.main(["--seeds", "0", "1", "--conditions", "flip:default", "--out", str(tmp_path), "num_rounds=60"])
+    assert ran == [("clean", "default", 0), ("flip", "default", 0), ("clean", "default", 1), ("flip", "default", 1)]
+    result = json.loads((tmp_path / "poisoning.json").read_text())
+    assert [(s["attack"], s["defence"]) for s in result["summary"]] == [("clean", "default"), ("flip", "default")]
+    assert result["summary"][1]["vs_clean_mean"] == pytest.approx(-5.0)
+    assert "--conditions flip:default" in result["command"] and result["command"].endswith("num_rounds=60")
+
+
 def device_reply(node, value, device, n=1):
     from flwr.app import ConfigRecord
 
