@@ -95,7 +95,8 @@ def accuracies(directory: Path, strategy: str, changes: str | None,
     from the default's run of their seed in that one setting."""
     out = {}
     for seed, summary in summaries(directory, strategy).items():
-        if changes is not None and (seed not in defaults or changed_settings(summary, defaults[seed]) != {f"strategy.{changes}"}):
+        if changes is not None and (
+                seed not in defaults or changed_settings(summary, defaults[seed]) != {f"strategy.{changes}"}):
             continue
         out[seed] = {"acc": summary["acc_mean_last5"], "worst": summary["acc_worst_last5"]}
     return out
@@ -111,7 +112,8 @@ def main() -> None:
         runs = accuracies(directory, strategy, changes, defaults)
         acc = {s: v["acc"] for s, v in runs.items()}
         rows.append({
-            "row": label, "change": change.format(**default_settings), "runs": f"{directory.relative_to(RESULTS.parents[1])}/{strategy}",
+            "row": label, "change": change.format(**default_settings),
+            "runs": f"{directory.relative_to(RESULTS.parents[1])}/{strategy}",
             "seeds": sorted(runs),
             "accuracy": stat(list(acc.values())) if acc else None,
             "worst_client": stat([v["worst"] for v in runs.values()]) if runs else None,
