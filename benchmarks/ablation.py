@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import RESULTS, paired, pct, stat  # noqa: E402
 
 from pfedes.bench.runs import REUSE_FREE_KEYS  # noqa: E402
-from pfedes.config import with_later_settings  # noqa: E402
+from pfedes.config import flatten, with_later_settings  # noqa: E402
 
 REFERENCE = RESULTS / "hetero_dirichlet_val"
 ROUNDS = 60
@@ -73,20 +73,11 @@ def summaries(directory: Path, strategy: str) -> dict[int, dict]:
 def changed_settings(run: dict, default: dict) -> set[str]:
     """The settings (dotted) in which a run's saved config differs from the default's, with the
     settings added since either ran at their defaults, as the bench reads a finished run."""
-    theirs = default["config"]
-    mine = with_later_settings(run["config"], theirs)
+    def compared(config: dict) -> dict:
+        return flatten({k: v for k, v in config.items() if k not in REUSE_FREE_KEYS})
 
-    def diff(a: dict, b: dict, prefix: str = "") -> set[str]:
-        out = set()
-        for key in a.keys() | b.keys():
-            if prefix == "" and key in REUSE_FREE_KEYS:
-                continue
-            x, y = a.get(key), b.get(key)
-            out |= diff(x, y, f"{prefix}{key}.") if isinstance(x, dict) and isinstance(y, dict) else (
-                {prefix + key} if x != y else set())
-        return out
-
-    return diff(mine, theirs)
+    mine, theirs = compared(with_later_settings(run["config"], default["config"])), compared(default["config"])
+    return {key for key in mine.keys() | theirs.keys() if mine.get(key) != theirs.get(key)}
 
 
 def accuracies(directory: Path, strategy: str, changes: str | None,
