@@ -45,6 +45,8 @@ def benches(tmp_path):
     fake_run(root / "zoo_central_eps4", "pfedes", 1, 0.99, eps=4, devices=zoo, rounds=30)  # stopped early
     fake_run(root / "zoo_central_eps4", "pfedes", 2, 0.99, eps=8, devices=zoo)  # another epsilon
     fake_run(root / "phone_central_eps4", "fedavg", 0, 0.99, eps=4, mode="local")  # another mode
+    # the fallback form on the zoo: the reference table has no non-private run of it
+    fake_run(root / "zoo_central_eps8", "pfedes_validated", 0, 0.62, eps=8, devices=zoo, reported=7.99)
     return root, reference, tmp_path / "out"
 
 
@@ -75,6 +77,10 @@ def test_it_pairs_each_private_run_with_the_non_private_one_by_seed(benches):
     assert phone["pfedes"]["8"]["vs_local_only"]["by_seed"] == {0: pytest.approx(0.13), 1: pytest.approx(0.12)}
     assert zoo["4"]["vs_local_only"]["by_seed"] == {0: pytest.approx(0.01)}
     assert result["panels"][1]["local_only"]["accuracy"]["mean"] == pytest.approx(0.61)
+    validated = result["panels"][1]["methods"]["pfedes_validated"]
+    assert validated["inf"]["status"] == "not run" and validated["8"]["vs_nonprivate"] is None
+    assert validated["8"]["vs_local_only"]["by_seed"] == {0: pytest.approx(0.02)}  # compared with Local-only only
+    assert not (result["panels"][1]["loss_difference"] or {}).get("pfedes_validated")
     table = (out / "privacy_utility.md").read_text()
     assert "Local-only (shares nothing, so no privacy cost): 50.0 ± 0.0, seeds [0, 1]" in table
     assert "| fedavg | 60.0 ± 2.0 | 50.0 ± 2.0 (-10.0 ± 0.0), ε 7.90 | not run | not run |" in table
