@@ -239,16 +239,17 @@ def plot(panels: list[dict], path: Path) -> None:
 
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.8), sharey=True, squeeze=False)
     xs = list(range(len(EPSILONS)))
+    strategies = list(dict.fromkeys(s for panel in panels for s in panel["methods"]))  # one colour each, in every panel
     for ax, panel in zip(axes[0], panels):
         drawn = False
-        for i, (strategy, cells) in enumerate(panel["methods"].items()):
+        for strategy, cells in panel["methods"].items():
             accs = [cells[eps_name(e)]["accuracy"] for e in EPSILONS]
             if all(a is None for a in accs):
                 continue
             drawn = True  # an epsilon that is not run is a gap (NaN), not a line across it
             ax.errorbar(xs, [math.nan if a is None else 100 * a["mean"] for a in accs],
                         yerr=[0.0 if a is None else 100 * (a["std"] or 0.0) for a in accs], marker="o",
-                        capsize=3, color=f"C{i}", label=strategy)
+                        capsize=3, color=f"C{strategies.index(strategy)}", label=strategy)
         local = panel["local_only"]["accuracy"]
         if local is not None:
             ax.axhline(100 * local["mean"], color="gray", linestyle="--", label="Local-only")
