@@ -193,7 +193,11 @@ def markdown(panels: list[dict]) -> str:
     heads = " | ".join(f"ε = {'∞' if e == 'inf' else e}" for e in map(eps_name, EPSILONS))
     lines = ["Personalized accuracy % (mean ± std over seeds, last 5 rounds); in brackets the change "
              "against the non-private run in points, paired by seed; ε as the accountant reported it "
-             f"(δ = {DELTA:g}).", ""]
+             f"(δ = {DELTA:g}).", "",
+             "Made by `python benchmarks/privacy_utility.py` from the `pfedes-bench` runs its docstring names; "
+             f"test splits of seeds {', '.join(map(str, SEEDS))}. Nothing was tuned for this table, so every method "
+             "had the same (zero) budget: each runs at the defaults chosen on validation splits of tuning seed "
+             "100, and the clipping norms follow one rule from the shared sizes.", ""]
     for panel in panels:
         lines += [f"**{panel['panel']}**", "", f"| method | {heads} |", "|---" * (len(EPSILONS) + 1) + "|"]
         for strategy, cells in panel["methods"].items():
