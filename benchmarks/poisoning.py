@@ -117,6 +117,13 @@ def last_mean(rounds: list[dict], key: str = "acc_mean") -> float:
     return float(np.mean([r[key] for r in rounds[-LAST:]]))
 
 
+def honest_last_mean(rounds: list[dict], attackers: list[int]) -> float:
+    """The last rounds' mean accuracy over the clients that do not attack (a defence that sets the
+    attackers' replies aside protects the others, not the attackers' own accuracy)."""
+    return float(np.mean([np.mean([acc for partition, acc in r["acc_by_client"].items()
+                                   if int(partition) not in attackers]) for r in rounds[-LAST:]]))
+
+
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -133,6 +140,7 @@ def main(argv: list[str]) -> None:
         for attack, defence in conditions:
             rounds = run_condition(attack, defence, seed, args.attackers, args.out, overrides)
             rows.append({"attack": attack, "defence": defence, "seed": seed, "acc_last5": last_mean(rounds),
+                         "honest_acc_last5": honest_last_mean(rounds, args.attackers),
                          "dropped_per_round": float(np.mean([r["clients_dropped"] for r in rounds]))})
             print(f"[poisoning] seed {seed} {attack:5s} {defence:12s} acc {rows[-1]['acc_last5']:.3f} "
                   f"dropped/round {rows[-1]['dropped_per_round']:.2f}", flush=True)
@@ -140,17 +148,17 @@ def main(argv: list[str]) -> None:
 
 
 def report(rows: list[dict], conditions: list[tuple[str, str]], args, overrides: list[str]) -> None:
-    clean = {r["seed"]: r["acc_last5"] for r in rows if (r["attack"], r["defence"]) == ("clean", "default")}
+    clean = {r["seed"]: r for r in rows if (r["attack"], r["defence"]) == ("clean", "default")}
     summary = []
     for attack, defence in conditions:
         runs = [r for r in rows if (r["attack"], r["defence"]) == (attack, defence)]
-        accs = np.array([r["acc_last5"] for r in runs]) * 100
-        gaps = np.array([r["acc_last5"] - clean[r["seed"]] for r in runs]) * 100
-        summary.append({"attack": attack, "defence": defence, "acc_mean": float(accs.mean()),
-                        "acc_std": float(accs.std(ddof=1)) if len(accs) > 1 else 0.0,
-                        "vs_clean_mean": float(gaps.mean()),
-                        "vs_clean_std": float(gaps.std(ddof=1)) if len(gaps) > 1 else 0.0,
-                        "dropped_per_round": float(np.mean([r["dropped_per_round"] for r in runs]))})
+        entry = {"attack": attack, "defence": defence}
+        for prefix, key in (("", "acc_last5"), ("honest_", "honest_acc_last5")):  # all clients; the others
+            accs = np.array([r[key] for r in runs]) * 100
+            gaps = np.array([r[key] - clean[r["seed"]][key] for r in runs]) * 100
+            entry.update({f"{prefix}acc_mean": float(accs.mean()), f"{prefix}acc_std": std(accs),
+                          f"{prefix}vs_clean_mean": float(gaps.mean()), f"{prefix}vs_clean_std": std(gaps)})
+        summary.append({**entry, "dropped_per_round": float(np.mean([r["dropped_per_round"] for r in runs]))})
     args.out.mkdir(parents=True, exist_ok=True)
     command = "python benchmarks/poisoning.py " + " ".join(
         [f"--seeds {' '.join(map(str, args.seeds))}", f"--attackers {' '.join(map(str, args.attackers))}"]
@@ -164,11 +172,17 @@ def report(rows: list[dict], conditions: list[tuple[str, str]], args, overrides:
         writer.writeheader()
         writer.writerows(summary)
     plot(summary, args.out / "poisoning.png")
-    print(f"\n`{command}`\n\n| attack | defence | accuracy % | vs clean (points) | replies dropped / round |\n"
-          "|---|---|---|---|---|")
+    print(f"\n`{command}`\n\n| attack | defence | accuracy % | vs clean (points) | the other clients' "
+          "accuracy % | theirs vs clean | replies dropped / round |\n|---|---|---|---|---|---|---|")
     for s in summary:
         print(f"| {s['attack']} | {s['defence']} | {s['acc_mean']:.1f} ± {s['acc_std']:.1f} | "
-              f"{s['vs_clean_mean']:+.1f} ± {s['vs_clean_std']:.1f} | {s['dropped_per_round']:.2f} |")
+              f"{s['vs_clean_mean']:+.1f} ± {s['vs_clean_std']:.1f} | {s['honest_acc_mean']:.1f} ± "
+              f"{s['honest_acc_std']:.1f} | {s['honest_vs_clean_mean']:+.1f} ± {s['honest_vs_clean_std']:.1f} | "
+              f"{s['dropped_per_round']:.2f} |")
+
+
+def std(values: np.ndarray) -> float:
+    return float(values.std(ddof=1)) if len(values) > 1 else 0.0
 
 
 def plot(summary: list[dict], path: Path) -> None:
@@ -178,8 +192,12 @@ def plot(summary: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 3.5))
-    labels = [f"{s['attack']}\n{s['defence']}" for s in summary]
-    ax.bar(labels, [s["acc_mean"] for s in summary], yerr=[s["acc_std"] for s in summary], capsize=3)
+    x = np.arange(len(summary))
+    for offset, prefix, label in ((-0.2, "", "all clients"), (0.2, "honest_", "the clients that do not attack")):
+        ax.bar(x + offset, [s[f"{prefix}acc_mean"] for s in summary], 0.4, label=label,
+               yerr=[s[f"{prefix}acc_std"] for s in summary], capsize=3)
+    ax.set_xticks(x, [f"{s['attack']}\n{s['defence']}" for s in summary])
+    ax.legend(fontsize=8)
     ax.set_ylabel("personalized accuracy % (last 5 rounds)")
     ax.set_title("pFedES with poisoned clients")
     fig.tight_layout()

@@ -221,14 +221,19 @@ def test_poisoning_runs_the_chosen_conditions_beside_the_clean_default(tmp_path,
     import poisoning
 
     ran = []
-    accuracy = {("clean", "default"): 0.6, ("flip", "default"): 0.55}
+    # per client (partitions 0-2; partition 0 attacks): the attacker loses 9 points, the others 3
+    by_client = {("clean", "default"): [0.6, 0.6, 0.6], ("flip", "default"): [0.51, 0.57, 0.57]}
     monkeypatch.setattr(poisoning, "run_condition", lambda attack, defence, seed, *_: ran.append(
-        (attack, defence, seed)) or [{"acc_mean": accuracy[attack, defence], "clients_dropped": 0}] * 5)
-    poisoning.main(["--seeds", "0", "1", "--conditions", "flip:default", "--out", str(tmp_path), "num_rounds=60"])
+        (attack, defence, seed)) or [{"acc_mean": float(np.mean(by_client[attack, defence])), "clients_dropped": 0,
+                                      "acc_by_client": dict(enumerate(by_client[attack, defence]))}] * 5)
+    poisoning.main(["--seeds", "0", "1", "--attackers", "0", "--conditions", "flip:default", "--out", str(tmp_path),
+                    "num_rounds=60"])
     assert ran == [("clean", "default", 0), ("flip", "default", 0), ("clean", "default", 1), ("flip", "default", 1)]
     result = json.loads((tmp_path / "poisoning.json").read_text())
     assert [(s["attack"], s["defence"]) for s in result["summary"]] == [("clean", "default"), ("flip", "default")]
     assert result["summary"][1]["vs_clean_mean"] == pytest.approx(-5.0)
+    assert result["summary"][1]["honest_acc_mean"] == pytest.approx(57.0)
+    assert result["summary"][1]["honest_vs_clean_mean"] == pytest.approx(-3.0)
     assert "--conditions flip:default" in result["command"] and result["command"].endswith("num_rounds=60")
 
 
