@@ -1,7 +1,8 @@
 """Poisoned clients against the server's defences (pfedes/robust.py): some clients send scaled
 (x100) or sign-flipped updates every round; pFedES's accuracy with no defence, with norm-anomaly
-rejection (the default), with direction-anomaly rejection added, and with a trimmed mean, the
-median or Multi-Krum (each after the norm check), beside the clean run, paired by seed.
+rejection (the default), with direction-anomaly rejection added (a fixed cosine floor, or one
+relative to the round's spread), and with a trimmed mean, the median or Multi-Krum (each after the
+norm check), beside the clean run, paired by seed.
 
     python benchmarks/poisoning.py [--seeds 0 1 2] [--attackers 0 5] [--conditions flip:default ...]
                                    [--out DIR] [hydra overrides]
@@ -37,6 +38,7 @@ DEFENCES = {
     "none": ["aggregation.rule=mean", "aggregation.norm_threshold=0"],
     "default": [],  # norm-anomaly rejection at conf/'s threshold, weighted mean
     "direction": ["aggregation.min_cosine=0"],  # the default plus direction-anomaly rejection
+    "spread": ["aggregation.direction_spread=4"],  # the same, its floor 4 robust std below the round's median
     "trimmed_mean": ["aggregation.rule=trimmed_mean", "aggregation.trim_fraction=0.2"],
     "median": ["aggregation.rule=median"],
     "multikrum": ["aggregation.rule=multikrum", "aggregation.num_malicious=2"],
@@ -45,7 +47,7 @@ DEFENCES = {
 # check, the median and Multi-Krum are measured against the flips, which pass it
 AGAINST_SCALE = ("none", "default", "trimmed_mean")
 # without attackers: what the direction check and Multi-Krum (setting aside f honest replies) cost
-CONDITIONS = [("clean", "default"), ("clean", "direction"), ("clean", "multikrum")] + [
+CONDITIONS = [("clean", "default"), ("clean", "direction"), ("clean", "spread"), ("clean", "multikrum")] + [
     (a, d) for a in ATTACKS for d in DEFENCES if a == "flip" or d in AGAINST_SCALE]
 LAST = 5
 

@@ -42,6 +42,8 @@ def round_record(server_round: int, stats: dict[str, Any], seconds: float,
         "clients_trained": int(stats.get("clients_trained", 0)),
         "clients_dropped": int(stats.get("clients_dropped", 0)),
         "update_cosine_min": stats.get("update_cosine_min"),  # aggregation.min_cosine on: the lowest cosine
+        "update_cosines": stats.get("update_cosines"),  # ... each reply's, by partition
+        "update_cosine_floor": stats.get("update_cosine_floor"),  # ... below which a reply was dropped
         "bytes_up": int(stats.get("bytes_up", 0)),
         "bytes_down": int(stats.get("bytes_down", 0)),
         "bytes_up_per_client": int(stats.get("bytes_up", 0)) // asked,

@@ -14,6 +14,12 @@ the server combines them before its server momentum.
   sent arrays further, all from the same arrays (not per-class means, not CFL's clusters, whose
   updates oppose each other by design). Not on by default: under strong label skew honest
   updates become near-orthogonal (README, "Robust aggregation"), and 0 would drop some of them.
+- Direction check relative to the round (`direction_spread` k, off by default): a reply whose
+  cosine (as above) lies more than k robust standard deviations (1.4826 x the MAD of the round's
+  cosines) below the round's median cosine is dropped. It needs no threshold on the cosine itself:
+  near the plateau honest updates pull against each other (their sum is about zero) and every
+  cosine turns slightly negative, while a flipped one stays far below the rest. It needs 5
+  cosines or more (fewer give no spread).
 - The rule that combines the rest, per entry:
   - `mean`: the sample-weighted average (FedAvg's);
   - `trimmed_mean`: per coordinate, the mean after cutting `trim_fraction` of the values at each
@@ -59,6 +65,8 @@ GROUP_WEIGHTING = ("equal", "samples")
 WEIGHTINGS = ("samples", "val_score", "quality")  # each reply's weight: its samples, softmax(score / T), FQI/DLI
 SCORE_KEY = "val_score"  # the train reply's metric behind `val_score` weighting (untrusted: clipped to [0, 1])
 MIN_REPLIES_FOR_NORM_CHECK = 3
+MIN_COSINES_FOR_SPREAD = 5
+MAD_TO_STD = 1.4826  # the MAD of normal samples times this estimates their standard deviation
 
 
 @dataclass(frozen=True)
@@ -68,6 +76,7 @@ class Robustness:
     num_malicious: int = 0
     norm_threshold: float = 10.0
     min_cosine: float = -1.0
+    direction_spread: float = 0.0
     groups: str = "none"
     group_weighting: str = "equal"
     weighting: str = "samples"
@@ -84,6 +93,7 @@ class Robustness:
                    a.integer("num_malicious", 0, 0),
                    a.number("norm_threshold", 10.0, "0 (off) or > 1", lambda v: v == 0 or v > 1),
                    a.number("min_cosine", -1.0, "in [-1, 1) (-1: off)", lambda v: -1 <= v < 1),
+                   a.number("direction_spread", 0.0, ">= 0 (0: off)", lambda v: v >= 0),
                    a.choice("groups", "none", GROUPS), a.choice("group_weighting", "equal", GROUP_WEIGHTING),
                    weighting, a.number("temperature", 0.1, "> 0", lambda v: v > 0),
                    a.number("quality_blend", 0.5, "in [0, 1]", lambda v: 0 <= v <= 1))
@@ -119,24 +129,32 @@ class Robustness:
 
     @property
     def checks_direction(self) -> bool:
-        return self.min_cosine > -1
+        return self.min_cosine > -1 or self.direction_spread > 0
 
-    def direction_outliers(self, updates: list[np.ndarray]) -> tuple[list[int], list[float]]:
+    def direction_outliers(self, updates: list[np.ndarray]) -> tuple[list[int], list[float], float]:
         """(indices of the updates whose cosine with the coordinate-wise median of the other non-zero
-        updates is below min_cosine, every update's cosine: nan for a zero update or when there are
-        fewer than 3 non-zero ones). A zero update (a client still warming up) is never dropped.
+        updates is below min_cosine or, with direction_spread k, below the round's median cosine
+        minus k robust standard deviations; every update's cosine: nan for a zero update or when
+        there are fewer than 3 non-zero ones; the floor applied). A zero update (a client still
+        warming up) is never dropped.
         The median leaves the update itself out: with few replies it would otherwise lean toward
         each of them, a flipped one included."""
         moved = [i for i, u in enumerate(updates) if np.any(u)]
         cosines = [math.nan] * len(updates)
         if len(moved) < MIN_REPLIES_FOR_NORM_CHECK:
-            return [], cosines
+            return [], cosines, -1.0
         stacked = np.stack([updates[i] for i in moved])
         for i, others in zip(moved, medians_of_the_others(stacked)):
             scale = float(np.linalg.norm(others))
             if scale > 0:
                 cosines[i] = float(updates[i] @ others) / (float(np.linalg.norm(updates[i])) * scale)
-        return [i for i, c in enumerate(cosines) if self.checks_direction and c < self.min_cosine], cosines
+        floor = self.min_cosine
+        finite = np.array([c for c in cosines if math.isfinite(c)])
+        if self.direction_spread > 0 and len(finite) >= MIN_COSINES_FOR_SPREAD:
+            median = float(np.median(finite))
+            spread = MAD_TO_STD * float(np.median(np.abs(finite - median)))
+            floor = max(floor, median - self.direction_spread * spread)
+        return [i for i, c in enumerate(cosines) if self.checks_direction and c < floor], cosines, floor
 
     # -- how they combine ----------------------------------------------------------------
     def combine(self, arrays: list[dict[str, np.ndarray]], weights: list[float],

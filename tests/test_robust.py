@@ -79,19 +79,37 @@ def test_a_sign_flipped_update_passes_the_norm_check_and_is_dropped_by_its_direc
     assert "min_cosine" in caplog.text and "update norm" not in caplog.text
     np.testing.assert_allclose(new, np.mean(updates[:4], axis=0), atol=1e-5)
     assert s.round_stats["clients_dropped"] == 1 and s.round_stats["update_cosine_min"] < 0
+    assert s.round_stats["update_cosines"]["5"] == pytest.approx(s.round_stats["update_cosine_min"], abs=1e-4)
+    assert s.round_stats["update_cosine_floor"] == 0.0
     np.testing.assert_allclose(aggregated()[1], np.mean(updates, axis=0), atol=1e-5)  # off by default
 
 
 def test_direction_outliers_are_the_cosines_with_the_others_median_below_the_threshold():
     updates = [np.array([1.0, 0.0]), np.array([2.0, 1.0]), np.array([1.0, 1.0]), np.array([-1.0, -1.0]),
                np.zeros(2)]  # the medians of the other non-zero three: (1, 1), (1, 0), (1, 0), (1, 1)
-    away, cosines = Robustness(min_cosine=0.0).direction_outliers(updates)
-    assert away == [3]
+    away, cosines, floor = Robustness(min_cosine=0.0).direction_outliers(updates)
+    assert away == [3] and floor == 0.0
     np.testing.assert_allclose(cosines[:4], [1 / np.sqrt(2), 2 / np.sqrt(5), 1 / np.sqrt(2), -1.0])
     assert np.isnan(cosines[4])  # a client still warming up is never dropped
     assert Robustness(min_cosine=0.8).direction_outliers(updates)[0] == [0, 2, 3]
     assert Robustness(min_cosine=-1.0).direction_outliers(updates)[0] == []
     assert Robustness().direction_outliers(updates[:2] + [np.zeros(2)])[0] == []  # fewer than 3 moved
+
+
+def test_the_direction_spread_drops_a_cosine_far_below_the_rounds_where_a_fixed_zero_drops_honest_ones():
+    """Near the plateau honest updates are near-orthogonal: their cosines with the others' median
+    scatter around 0, so min_cosine=0 drops most of them; a flipped one lies far below the round's
+    spread, and the floor that follows the round drops it alone."""
+    rng = np.random.default_rng(0)
+    noise, shared = rng.normal(size=(8, 4096)), np.ones(4096)
+    updates = [noise[i] + 0.05 * shared for i in range(7)] + [-(noise[7] + shared)]
+    away, cosines, floor = Robustness(direction_spread=4.0).direction_outliers(updates)
+    assert away == [7] and cosines[7] < floor < min(cosines[:7])
+    spread = 1.4826 * np.median(np.abs(np.array(cosines) - np.median(cosines)))
+    assert floor == pytest.approx(np.median(cosines) - 4.0 * spread)
+    assert len(Robustness(min_cosine=0.0).direction_outliers(updates)[0]) == 7  # a fixed 0 drops honest ones
+    assert Robustness().direction_outliers(updates)[0] == []  # off by default
+    assert Robustness(direction_spread=4.0).direction_outliers(updates[4:])[0] == []  # 5 cosines needed
 
 
 def test_the_medians_of_the_others_come_from_one_sort():
@@ -150,6 +168,7 @@ def test_the_mean_rule_is_the_sample_weighted_average():
     ("aggregation.norm_threshold=0.5", r"aggregation.norm_threshold must be 0 \(off\) or > 1, got 0.5"),
     ("aggregation.min_cosine=1", r"aggregation.min_cosine must be in \[-1, 1\) \(-1: off\), got 1"),
     ("aggregation.min_cosine=-1.5", r"aggregation.min_cosine must be in \[-1, 1\) \(-1: off\), got -1.5"),
+    ("aggregation.direction_spread=-1", r"aggregation.direction_spread must be >= 0 \(0: off\), got -1"),
     ("aggregation.groups=region", "aggregation.groups 'region' is unknown"),
     ("aggregation.group_weighting=loss", "aggregation.group_weighting 'loss' is unknown"),
     ("aggregation.weighting=loss", "aggregation.weighting 'loss' is unknown"),

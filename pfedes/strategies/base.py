@@ -72,6 +72,12 @@ def reply_order(msg: Message) -> tuple[int, int]:
     return partition, msg.metadata.src_node_id
 
 
+def reply_label(msg: Message) -> str:
+    """The client's partition id, or its node id where it reports none."""
+    partition, node = reply_order(msg)
+    return str(partition if partition >= 0 else node)
+
+
 def weighted_metrics(records: list[dict[str, float]], weights: list[float]) -> dict[str, float]:
     """The weighted mean of each scalar metric every record has (lists, such as a label
     distribution, are reports for the server, not figures to average)."""
@@ -284,7 +290,8 @@ class PersonalizedStrategy(FedAvg):
 
     def without_anomalies(self, server_round: int, replies: list[Message]) -> list[Message]:
         """Drop the replies whose update norm is an outlier of the round (aggregation.norm_threshold),
-        then those whose update points away from the others' median (aggregation.min_cosine)."""
+        then those whose update points away from the others' median (aggregation.min_cosine,
+        direction_spread)."""
         if self.privacy.central:  # which replies count must not depend on them beyond the clipping
             return replies
         updates = [flat_update({k: a.numpy() for k, a in next(iter(m.content.array_records.values())).items()},
@@ -297,14 +304,17 @@ class PersonalizedStrategy(FedAvg):
                 norms[i], self.robust.norm_threshold, median)
         kept = [i for i in range(len(replies)) if i not in set(outliers)]
         if self.robust.checks_direction and self.replies_start_from_sent and self.one_consensus:
-            away, cosines = self.robust.direction_outliers([updates[i] for i in kept])
+            away, cosines, floor = self.robust.direction_outliers([updates[i] for i in kept])
             finite = [c for c in cosines if math.isfinite(c)]
             if finite:
                 self.round_stats["update_cosine_min"] = min(finite)
+                self.round_stats["update_cosines"] = {reply_label(replies[i]): round(c, 4)
+                                                      for i, c in zip(kept, cosines) if math.isfinite(c)}
+                self.round_stats["update_cosine_floor"] = floor
             for j in away:
                 log(WARNING, "round %d: dropped the reply of node %d: its update's cosine with the round's "
-                    "median update is %.3f, below %g (aggregation.min_cosine)", server_round,
-                    replies[kept[j]].metadata.src_node_id, cosines[j], self.robust.min_cosine)
+                    "median update is %.3f, below %.3f (aggregation.min_cosine, direction_spread)", server_round,
+                    replies[kept[j]].metadata.src_node_id, cosines[j], floor)
             outliers += [kept[j] for j in away]
         self.round_stats["clients_dropped"] += len(outliers)
         return [m for i, m in enumerate(replies) if i not in set(outliers)]
