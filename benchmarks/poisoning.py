@@ -1,7 +1,7 @@
 """Poisoned clients against the server's defences (pfedes/robust.py): some clients send scaled
 (x100) or sign-flipped updates every round; pFedES's accuracy with no defence, with norm-anomaly
 rejection (the default), with direction-anomaly rejection added (a fixed cosine floor, or one
-relative to the round's spread), and with a trimmed mean, the median or Multi-Krum (each after the
+relative to the round's spread, with or without a memory of the nodes it dropped), and with a trimmed mean, the median or Multi-Krum (each after the
 norm check), beside the clean run, paired by seed.
 
     python benchmarks/poisoning.py [--seeds 0 1 2] [--attackers 0 5] [--conditions flip:default ...]
@@ -38,7 +38,10 @@ DEFENCES = {
     "none": ["aggregation.rule=mean", "aggregation.norm_threshold=0"],
     "default": [],  # norm-anomaly rejection at conf/'s threshold, weighted mean
     "direction": ["aggregation.min_cosine=0"],  # the default plus direction-anomaly rejection
-    "spread": ["aggregation.direction_spread=4"],  # the same, its floor 4 robust std below the round's median
+    # the same with a floor 4 robust std below the round's median cosine; a node dropped in 3 rounds
+    # (and in a quarter of its rounds) is quarantined; "spread_each_round" has no such memory
+    "spread": ["aggregation.direction_spread=4", "aggregation.direction_strikes=3"],
+    "spread_each_round": ["aggregation.direction_spread=4"],
     "trimmed_mean": ["aggregation.rule=trimmed_mean", "aggregation.trim_fraction=0.2"],
     "median": ["aggregation.rule=median"],
     "multikrum": ["aggregation.rule=multikrum", "aggregation.num_malicious=2"],

@@ -20,6 +20,13 @@ the server combines them before its server momentum.
   near the plateau honest updates pull against each other (their sum is about zero) and every
   cosine turns slightly negative, while a flipped one stays far below the rest. It needs 5
   cosines or more (fewer give no spread).
+- Memory of the direction checks (`direction_strikes` n, off by default): a node whose reply the
+  direction check dropped in n rounds or more, and in a quarter or more of the rounds it was
+  checked in, is quarantined: its replies are set aside for the rest of the run (logged once, with
+  the node id; the record is in the server checkpoint, so a resumed run keeps it). A check without
+  memory lets a flipper back in: once its updates are set aside the federation settles where the
+  honest updates cancel, and there a flipped update no longer stands out (README, "Robust
+  aggregation"). An honest node is dropped now and then, never in a quarter of its rounds.
 - The rule that combines the rest, per entry:
   - `mean`: the sample-weighted average (FedAvg's);
   - `trimmed_mean`: per coordinate, the mean after cutting `trim_fraction` of the values at each
@@ -67,6 +74,7 @@ SCORE_KEY = "val_score"  # the train reply's metric behind `val_score` weighting
 MIN_REPLIES_FOR_NORM_CHECK = 3
 MIN_COSINES_FOR_SPREAD = 5
 MAD_TO_STD = 1.4826  # the MAD of normal samples times this estimates their standard deviation
+STRIKE_SHARE = 0.25  # direction_strikes: the share of a node's checked rounds it must have been dropped in
 
 
 @dataclass(frozen=True)
@@ -77,6 +85,7 @@ class Robustness:
     norm_threshold: float = 10.0
     min_cosine: float = -1.0
     direction_spread: float = 0.0
+    direction_strikes: int = 0
     groups: str = "none"
     group_weighting: str = "equal"
     weighting: str = "samples"
@@ -88,15 +97,20 @@ class Robustness:
         """The run's settings; a bad one raises ValueError naming it."""
         a = Section(cfg, "aggregation")
         weighting = a.choice("weighting", "samples", WEIGHTINGS)
-        return cls(a.choice("rule", "mean", RULES),
-                   a.number("trim_fraction", 0.1, "in [0, 0.5)", lambda v: 0 <= v < 0.5),
-                   a.integer("num_malicious", 0, 0),
-                   a.number("norm_threshold", 10.0, "0 (off) or > 1", lambda v: v == 0 or v > 1),
-                   a.number("min_cosine", -1.0, "in [-1, 1) (-1: off)", lambda v: -1 <= v < 1),
-                   a.number("direction_spread", 0.0, ">= 0 (0: off)", lambda v: v >= 0),
-                   a.choice("groups", "none", GROUPS), a.choice("group_weighting", "equal", GROUP_WEIGHTING),
-                   weighting, a.number("temperature", 0.1, "> 0", lambda v: v > 0),
-                   a.number("quality_blend", 0.5, "in [0, 1]", lambda v: 0 <= v <= 1))
+        robust = cls(a.choice("rule", "mean", RULES),
+                     a.number("trim_fraction", 0.1, "in [0, 0.5)", lambda v: 0 <= v < 0.5),
+                     a.integer("num_malicious", 0, 0),
+                     a.number("norm_threshold", 10.0, "0 (off) or > 1", lambda v: v == 0 or v > 1),
+                     a.number("min_cosine", -1.0, "in [-1, 1) (-1: off)", lambda v: -1 <= v < 1),
+                     a.number("direction_spread", 0.0, ">= 0 (0: off)", lambda v: v >= 0),
+                     a.integer("direction_strikes", 0, 0),
+                     a.choice("groups", "none", GROUPS), a.choice("group_weighting", "equal", GROUP_WEIGHTING),
+                     weighting, a.number("temperature", 0.1, "> 0", lambda v: v > 0),
+                     a.number("quality_blend", 0.5, "in [0, 1]", lambda v: 0 <= v <= 1))
+        if robust.direction_strikes and not robust.checks_direction:
+            a.fail("direction_strikes", "counts the direction check's drops: set aggregation.direction_spread "
+                   "or aggregation.min_cosine as well")
+        return robust
 
     @property
     def needs_validation_split(self) -> str | None:
@@ -194,6 +208,35 @@ class Robustness:
         count = 1 if self.rule == "krum" else max(1, len(arrays) - self.num_malicious)
         chosen = select_multikrum(contents, self.num_malicious, count)
         return sorted(i for i, c in enumerate(contents) if any(c is s for s in chosen))
+
+
+class DirectionStrikes:
+    """What the server remembers of each node's direction checks (`direction_strikes`): the rounds
+    its reply was checked in, those it was dropped in, and the nodes quarantined for the run."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.checked: dict[int, int] = {}
+        self.strikes: dict[int, int] = {}
+        self.quarantined: set[int] = set()
+
+    def record(self, node: int, dropped: bool) -> bool:
+        """Count one check of `node`; True when this one quarantines it."""
+        self.checked[node] = self.checked.get(node, 0) + 1
+        self.strikes[node] = self.strikes.get(node, 0) + int(dropped)
+        if (self.limit and node not in self.quarantined and self.strikes[node] >= self.limit
+                and self.strikes[node] >= STRIKE_SHARE * self.checked[node]):
+            self.quarantined.add(node)
+            return True
+        return False
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"checked": dict(self.checked), "strikes": dict(self.strikes), "quarantined": sorted(self.quarantined)}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.checked = {int(k): int(v) for k, v in (state.get("checked") or {}).items()}
+        self.strikes = {int(k): int(v) for k, v in (state.get("strikes") or {}).items()}
+        self.quarantined = {int(n) for n in state.get("quarantined") or []}
 
 
 def flat_update(arrays: Mapping[str, np.ndarray], reference: Mapping[str, np.ndarray]) -> np.ndarray:

@@ -8,7 +8,7 @@ import pytest
 
 from conftest import make_cfg, train_reply
 from pfedes.config import ConfigError, experiment_config
-from pfedes.robust import Robustness, flat_update, medians_of_the_others, weighted_average
+from pfedes.robust import DirectionStrikes, Robustness, flat_update, medians_of_the_others, weighted_average
 from pfedes.strategies.pfedes import PFedES
 
 CURRENT = {"w": np.zeros((2, 3), np.float32), "n": np.array(4, np.int64)}
@@ -112,6 +112,43 @@ def test_the_direction_spread_drops_a_cosine_far_below_the_rounds_where_a_fixed_
     assert Robustness(direction_spread=4.0).direction_outliers(updates[4:])[0] == []  # 5 cosines needed
 
 
+def test_a_node_dropped_in_enough_of_its_rounds_is_quarantined_and_an_occasional_drop_is_forgiven():
+    strikes = DirectionStrikes(limit=3)
+    assert [strikes.record(1, True) for _ in range(3)] == [False, False, True]  # 3 of 3 rounds
+    for _ in range(20):
+        strikes.record(2, False)
+    assert not any(strikes.record(2, True) for _ in range(3))  # 3 of 23 rounds: under a quarter
+    assert strikes.quarantined == {1}
+    restored = DirectionStrikes(limit=3)
+    restored.load_state_dict(strikes.state_dict())
+    assert (restored.quarantined, restored.strikes, restored.checked) == ({1}, strikes.strikes, strikes.checked)
+    assert not any(DirectionStrikes(limit=0).record(3, True) for _ in range(10))  # 0: no memory
+
+
+def test_a_quarantined_node_stays_out_when_its_update_looks_honest_again_and_a_restart_keeps_it(caplog):
+    """Node 5 flips for 3 rounds and is dropped each time; then it sends an honest update, which is
+    set aside all the same; the record travels in the strategy's checkpointed state."""
+    honest = noisy_updates(5)
+    flipped = [*honest[:4], -honest[4]]
+
+    def round_of(s, server_round, updates):
+        s.current = {"w": np.zeros((10, 10), np.float32)}
+        s.reset_round_stats()
+        replies = [train_reply(i + 1, {"w": u.astype(np.float32)}, 1, train_loss=1.0) for i, u in enumerate(updates)]
+        s.aggregate_train(server_round, replies)
+        return s.round_stats["clients_dropped"]
+
+    s = strategy("aggregation.direction_spread=0", "aggregation.min_cosine=0", "aggregation.direction_strikes=3")
+    with caplog.at_level(logging.WARNING):
+        assert [round_of(s, r, flipped) for r in (1, 2, 3)] == [1, 1, 1]
+    assert "node 5 is quarantined for the rest of the run" in caplog.text
+    assert round_of(s, 4, honest) == 1
+    resumed = strategy("aggregation.min_cosine=0", "aggregation.direction_strikes=3")
+    resumed.load_common_state_dict(s.common_state_dict())
+    assert round_of(resumed, 5, honest) == 1
+    assert round_of(strategy("aggregation.min_cosine=0", "aggregation.direction_strikes=3"), 1, honest) == 0
+
+
 def test_the_medians_of_the_others_come_from_one_sort():
     rng = np.random.default_rng(1)
     for n in (3, 4, 7):
@@ -169,6 +206,8 @@ def test_the_mean_rule_is_the_sample_weighted_average():
     ("aggregation.min_cosine=1", r"aggregation.min_cosine must be in \[-1, 1\) \(-1: off\), got 1"),
     ("aggregation.min_cosine=-1.5", r"aggregation.min_cosine must be in \[-1, 1\) \(-1: off\), got -1.5"),
     ("aggregation.direction_spread=-1", r"aggregation.direction_spread must be >= 0 \(0: off\), got -1"),
+    ("aggregation.direction_strikes=-1", r"aggregation.direction_strikes must be an integer >= 0, got -1"),
+    ("aggregation.direction_strikes=3", r"aggregation.direction_strikes counts the direction check's drops"),
     ("aggregation.groups=region", "aggregation.groups 'region' is unknown"),
     ("aggregation.group_weighting=loss", "aggregation.group_weighting 'loss' is unknown"),
     ("aggregation.weighting=loss", "aggregation.weighting 'loss' is unknown"),

@@ -31,7 +31,7 @@ from ..compression import Codec, EncodingError, onto_server_arrays
 from ..config import ConfigError
 from ..contribution import report_problem as quality_report_problem
 from ..privacy import Privacy, epsilon_after
-from ..robust import SCORE_KEY, Robustness, flat_update
+from ..robust import SCORE_KEY, DirectionStrikes, Robustness, flat_update
 from ..selection import ClientHistory, Selection, power_of_choice
 from ..validation import arrays_problem
 
@@ -134,6 +134,7 @@ class PersonalizedStrategy(FedAvg):
         self.dp_releases: list[int] = []  # replies averaged in each private round (the accountant's input)
         self.selection = Selection.from_cfg(cfg)
         self.history = ClientHistory()
+        self.direction_strikes = DirectionStrikes(self.robust.direction_strikes)
         self.selection_rng = random.Random(int(cfg.get("seed", 0)))
         self.current: dict[str, np.ndarray] = {}
         self.round_offset = 0  # rounds already done before a resumed run
@@ -148,11 +149,12 @@ class PersonalizedStrategy(FedAvg):
     def common_state_dict(self) -> dict[str, Any]:
         """What every strategy keeps across rounds: the privacy spent, what selection knows."""
         return {"dp_releases": list(self.dp_releases), "history": self.history.state_dict(),
-                "selection_rng": self.selection_rng.getstate()}
+                "selection_rng": self.selection_rng.getstate(), "direction_strikes": self.direction_strikes.state_dict()}
 
     def load_common_state_dict(self, state: dict[str, Any]) -> None:
         self.dp_releases = list(state.get("dp_releases", []))
         self.history.load_state_dict(state.get("history", {}))
+        self.direction_strikes.load_state_dict(state.get("direction_strikes", {}))
         if "selection_rng" in state:
             self.selection_rng.setstate(state["selection_rng"])
 
@@ -303,6 +305,9 @@ class PersonalizedStrategy(FedAvg):
                 "median %.4g (aggregation.norm_threshold)", server_round, replies[i].metadata.src_node_id,
                 norms[i], self.robust.norm_threshold, median)
         kept = [i for i in range(len(replies)) if i not in set(outliers)]
+        quarantined = [i for i in kept if replies[i].metadata.src_node_id in self.direction_strikes.quarantined]
+        outliers += quarantined
+        kept = [i for i in kept if i not in set(quarantined)]
         if self.robust.checks_direction and self.replies_start_from_sent and self.one_consensus:
             away, cosines, floor = self.robust.direction_outliers([updates[i] for i in kept])
             finite = [c for c in cosines if math.isfinite(c)]
@@ -316,6 +321,12 @@ class PersonalizedStrategy(FedAvg):
                     "median update is %.3f, below %.3f (aggregation.min_cosine, direction_spread)", server_round,
                     replies[kept[j]].metadata.src_node_id, cosines[j], floor)
             outliers += [kept[j] for j in away]
+            for j, cosine in enumerate(cosines):
+                node = replies[kept[j]].metadata.src_node_id
+                if math.isfinite(cosine) and self.direction_strikes.record(node, j in away):
+                    log(WARNING, "round %d: node %d is quarantined for the rest of the run: the direction "
+                        "check dropped its reply in %d of %d rounds (aggregation.direction_strikes)", server_round,
+                        node, self.direction_strikes.strikes[node], self.direction_strikes.checked[node])
         self.round_stats["clients_dropped"] += len(outliers)
         return [m for i, m in enumerate(replies) if i not in set(outliers)]
 
