@@ -50,7 +50,8 @@ DEFENCES = {
 # check, the median and Multi-Krum are measured against the flips, which pass it
 AGAINST_SCALE = ("none", "default", "trimmed_mean")
 # without attackers: what the direction check and Multi-Krum (setting aside f honest replies) cost
-CONDITIONS = [("clean", "default"), ("clean", "direction"), ("clean", "spread"), ("clean", "multikrum")] + [
+CONDITIONS = [("clean", "default"), ("clean", "direction"), ("clean", "spread_each_round"), ("clean", "spread"),
+              ("clean", "multikrum")] + [
     (a, d) for a in ATTACKS for d in DEFENCES if a == "flip" or d in AGAINST_SCALE]
 LAST = 5
 
