@@ -1,8 +1,9 @@
 """Poisoned clients against the server's defences (pfedes/robust.py): some clients send scaled
-(x100) or sign-flipped updates every round; pFedES's accuracy with no defence, with norm-anomaly
-rejection (the default), with direction-anomaly rejection added (a fixed cosine floor, or one
-relative to the round's spread, with or without a memory of the nodes it dropped), and with a trimmed mean, the median or Multi-Krum (each after the
-norm check), beside the clean run, paired by seed.
+(x100) or sign-flipped updates every round; pFedES's accuracy with no defence, with the default
+(norm-anomaly rejection, then the direction check relative to the round's spread with its memory
+of the nodes it dropped), with the norm check alone (the default until 2026-12-06), with a fixed
+cosine floor, with the relative check without memory, and with a trimmed mean, the median or
+Multi-Krum (each after the norm check), beside the clean run with the default, paired by seed.
 
     python benchmarks/poisoning.py [--seeds 0 1 2] [--attackers 0 5] [--conditions flip:default ...]
                                    [--out DIR] [hydra overrides]
@@ -10,8 +11,8 @@ norm check), beside the clean run, paired by seed.
 The attackers live here only: this file's ClientApp wraps pfedes's own and rewrites the train
 reply of the attacking partitions (update u = sent - received becomes 100 u, or -u). No setting in
 conf/ reaches it. Runs are reused when finished with the same configuration (as pfedes-bench); a
-clean run with the default defence is also taken from the reference table
-(`benchmarks/results/hetero_dirichlet_val`) when it finished there with the same configuration,
+clean run with the norm check alone is also taken from the reference table
+(`benchmarks/results/hetero_dirichlet_val`, made with it) when it finished there with the same configuration,
 as it does with `num_rounds=60 data.val_fraction=0.15` (the plateau protocol; the default is 20
 rounds without a validation split). `--conditions` runs a subset (attack:defence; the clean run
 with the default defence is always run, as every other run is paired with it).
@@ -34,23 +35,25 @@ from _common import REFERENCE_BENCH, RESULTS, default_data_path, experiment
 from pfedes.client_app import decode_downlink
 
 ATTACKS = {"scale": 100.0, "flip": -1.0}  # u -> factor * u
+NO_DIRECTION = ["aggregation.direction_spread=0", "aggregation.direction_strikes=0"]
 DEFENCES = {
-    "none": ["aggregation.rule=mean", "aggregation.norm_threshold=0"],
-    "default": [],  # norm-anomaly rejection at conf/'s threshold, weighted mean
-    "direction": ["aggregation.min_cosine=0"],  # the default plus direction-anomaly rejection
-    # the same with a floor 4 robust std below the round's median cosine; a node dropped in 3 rounds
-    # (and in a quarter of its rounds) is quarantined; "spread_each_round" has no such memory
-    "spread": ["aggregation.direction_spread=4", "aggregation.direction_strikes=3"],
-    "spread_each_round": ["aggregation.direction_spread=4"],
-    "trimmed_mean": ["aggregation.rule=trimmed_mean", "aggregation.trim_fraction=0.2"],
-    "median": ["aggregation.rule=median"],
-    "multikrum": ["aggregation.rule=multikrum", "aggregation.num_malicious=2"],
+    "none": ["aggregation.rule=mean", "aggregation.norm_threshold=0", *NO_DIRECTION],
+    # conf/'s: the norm check, then the direction check relative to the round's spread (4 robust
+    # std below its median cosine) with its memory (a node dropped in 3 rounds, and in a quarter of
+    # its rounds, is quarantined), then the weighted mean
+    "default": [],
+    "norm_check": NO_DIRECTION,  # the norm check alone: the default until 2026-12-06
+    "direction": ["aggregation.min_cosine=0", *NO_DIRECTION],  # the norm check and a fixed cosine floor of 0
+    "spread_each_round": ["aggregation.direction_strikes=0"],  # the default without the memory
+    "trimmed_mean": ["aggregation.rule=trimmed_mean", "aggregation.trim_fraction=0.2", *NO_DIRECTION],
+    "median": ["aggregation.rule=median", *NO_DIRECTION],
+    "multikrum": ["aggregation.rule=multikrum", "aggregation.num_malicious=2", *NO_DIRECTION],
 }
 # the norm check runs before every rule and already drops the x100 updates, so the direction
-# check, the median and Multi-Krum are measured against the flips, which pass it
-AGAINST_SCALE = ("none", "default", "trimmed_mean")
-# without attackers: what the direction check and Multi-Krum (setting aside f honest replies) cost
-CONDITIONS = [("clean", "default"), ("clean", "direction"), ("clean", "spread_each_round"), ("clean", "spread"),
+# checks, the median and Multi-Krum are measured against the flips, which pass it
+AGAINST_SCALE = ("none", "norm_check", "default", "trimmed_mean")
+# without attackers: what the direction checks and Multi-Krum (setting aside f honest replies) cost
+CONDITIONS = [("clean", "default"), ("clean", "norm_check"), ("clean", "direction"), ("clean", "spread_each_round"),
               ("clean", "multikrum")] + [
     (a, d) for a in ATTACKS for d in DEFENCES if a == "flip" or d in AGAINST_SCALE]
 LAST = 5
@@ -102,7 +105,7 @@ def run_condition(attack: str, defence: str, seed: int, attackers: list[int], ou
     if attack != "clean":
         cfg["attack"] = {"factor": ATTACKS[attack], "partitions": attackers}
     rounds = finished_rounds(run_dir, cfg)
-    if rounds is None and (attack, defence) == ("clean", "default"):
+    if rounds is None and (attack, defence) == ("clean", "norm_check"):  # the reference table's defence
         rounds = finished_rounds(REFERENCE_BENCH / str(cfg["strategy"]["name"]) / f"seed{seed}", cfg)
     if rounds is None:
         from pfedes import config

@@ -288,9 +288,11 @@ def with_later_settings(saved: dict[str, Any], wanted: dict[str, Any]) -> dict[s
     if complete(saved, wanted):
         return saved
     defaults = to_dict(compose([f"strategy={saved.get('strategy', {}).get('name', wanted['strategy']['name'])}"]))
-    # the one setting whose preset value is not what runs from before it did: before a method
+    # the settings whose preset value is not what runs from before them did: before a method
     # could have its own learning rate, every method trained at train.lr
     defaults["strategy"]["lr"] = None
+    # nor is the direction check's: runs from before 2026-12-06 ran without it
+    defaults["aggregation"].update(direction_spread=0.0, direction_strikes=0)
 
     def fill(have: dict[str, Any], default: dict[str, Any]) -> dict[str, Any]:
         out = dict(have)

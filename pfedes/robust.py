@@ -14,13 +14,15 @@ the server combines them before its server momentum.
   sent arrays further, all from the same arrays (not per-class means, not CFL's clusters, whose
   updates oppose each other by design). Not on by default: under strong label skew honest
   updates become near-orthogonal (README, "Robust aggregation"), and 0 would drop some of them.
-- Direction check relative to the round (`direction_spread` k, off by default): a reply whose
+- Direction check relative to the round (`direction_spread` k, on by default at 4): a reply whose
   cosine (as above) lies more than k robust standard deviations (1.4826 x the MAD of the round's
   cosines) below the round's median cosine is dropped. It needs no threshold on the cosine itself:
   near the plateau honest updates pull against each other (their sum is about zero) and every
-  cosine turns slightly negative, while a flipped one stays far below the rest. It needs 5
-  cosines or more (fewer give no spread).
-- Memory of the direction checks (`direction_strikes` n, off by default): a node whose reply the
+  cosine turns slightly negative, while a flipped one stays far below the rest. A reply whose
+  cosine is 0 or more still points toward the others and is never dropped by this floor (early
+  on, when the updates agree, the spread is narrow and the floor would otherwise be positive). It
+  needs 5 cosines or more (fewer give no spread).
+- Memory of the direction checks (`direction_strikes` n, on by default at 3): a node whose reply the
   direction check dropped in n rounds or more, and in a quarter or more of the rounds it was
   checked in, is quarantined: its replies are set aside for the rest of the run (logged once, with
   the node id; the record is in the server checkpoint, so a resumed run keeps it). A check without
@@ -84,8 +86,8 @@ class Robustness:
     num_malicious: int = 0
     norm_threshold: float = 10.0
     min_cosine: float = -1.0
-    direction_spread: float = 0.0
-    direction_strikes: int = 0
+    direction_spread: float = 4.0
+    direction_strikes: int = 3
     groups: str = "none"
     group_weighting: str = "equal"
     weighting: str = "samples"
@@ -102,14 +104,14 @@ class Robustness:
                      a.integer("num_malicious", 0, 0),
                      a.number("norm_threshold", 10.0, "0 (off) or > 1", lambda v: v == 0 or v > 1),
                      a.number("min_cosine", -1.0, "in [-1, 1) (-1: off)", lambda v: -1 <= v < 1),
-                     a.number("direction_spread", 0.0, ">= 0 (0: off)", lambda v: v >= 0),
-                     a.integer("direction_strikes", 0, 0),
+                     a.number("direction_spread", 4.0, ">= 0 (0: off)", lambda v: v >= 0),
+                     a.integer("direction_strikes", 3, 0),
                      a.choice("groups", "none", GROUPS), a.choice("group_weighting", "equal", GROUP_WEIGHTING),
                      weighting, a.number("temperature", 0.1, "> 0", lambda v: v > 0),
                      a.number("quality_blend", 0.5, "in [0, 1]", lambda v: 0 <= v <= 1))
         if robust.direction_strikes and not robust.checks_direction:
-            a.fail("direction_strikes", "counts the direction check's drops: set aggregation.direction_spread "
-                   "or aggregation.min_cosine as well")
+            a.fail("direction_strikes", f"= {robust.direction_strikes} counts the drops of a direction check and "
+                   "none is on (aggregation.direction_spread=0, min_cosine=-1): set it to 0 as well")
         return robust
 
     @property
@@ -148,7 +150,7 @@ class Robustness:
     def direction_outliers(self, updates: list[np.ndarray]) -> tuple[list[int], list[float], float]:
         """(indices of the updates whose cosine with the coordinate-wise median of the other non-zero
         updates is below min_cosine or, with direction_spread k, below the round's median cosine
-        minus k robust standard deviations; every update's cosine: nan for a zero update or when
+        minus k robust standard deviations where that is below 0; every update's cosine: nan for a zero update or when
         there are fewer than 3 non-zero ones; the floor applied). A zero update (a client still
         warming up) is never dropped.
         The median leaves the update itself out: with few replies it would otherwise lean toward
@@ -167,7 +169,7 @@ class Robustness:
         if self.direction_spread > 0 and len(finite) >= MIN_COSINES_FOR_SPREAD:
             median = float(np.median(finite))
             spread = MAD_TO_STD * float(np.median(np.abs(finite - median)))
-            floor = max(floor, median - self.direction_spread * spread)
+            floor = max(floor, min(0.0, median - self.direction_spread * spread))  # never an aligned one
         return [i for i, c in enumerate(cosines) if self.checks_direction and c < floor], cosines, floor
 
     # -- how they combine ----------------------------------------------------------------

@@ -81,7 +81,9 @@ def test_a_sign_flipped_update_passes_the_norm_check_and_is_dropped_by_its_direc
     assert s.round_stats["clients_dropped"] == 1 and s.round_stats["update_cosine_min"] < 0
     assert s.round_stats["update_cosines"]["5"] == pytest.approx(s.round_stats["update_cosine_min"], abs=1e-4)
     assert s.round_stats["update_cosine_floor"] == 0.0
-    np.testing.assert_allclose(aggregated()[1], np.mean(updates, axis=0), atol=1e-5)  # off by default
+    np.testing.assert_allclose(aggregated()[1], np.mean(updates[:4], axis=0), atol=1e-5)  # the default's floor too
+    no_direction_check = ("aggregation.direction_spread=0", "aggregation.direction_strikes=0")
+    np.testing.assert_allclose(aggregated(*no_direction_check)[1], np.mean(updates, axis=0), atol=1e-5)
 
 
 def test_direction_outliers_are_the_cosines_with_the_others_median_below_the_threshold():
@@ -107,9 +109,17 @@ def test_the_direction_spread_drops_a_cosine_far_below_the_rounds_where_a_fixed_
     assert away == [7] and cosines[7] < floor < min(cosines[:7])
     spread = 1.4826 * np.median(np.abs(np.array(cosines) - np.median(cosines)))
     assert floor == pytest.approx(np.median(cosines) - 4.0 * spread)
+    aligned = [noise[i] + 0.5 * shared for i in range(7)] + [noise[7] + 0.1 * shared]  # agreeing, one less so
+    away, cosines, floor = Robustness(direction_spread=4.0).direction_outliers(aligned)
+    assert median_minus_spread(cosines, 4.0) > cosines[7] > 0 and away == [] and floor == 0.0  # never an aligned one
     assert len(Robustness(min_cosine=0.0).direction_outliers(updates)[0]) == 7  # a fixed 0 drops honest ones
-    assert Robustness().direction_outliers(updates)[0] == []  # off by default
+    assert Robustness().direction_outliers(updates)[0] == [7]  # the default: k = 4
+    assert Robustness(direction_spread=0, direction_strikes=0).direction_outliers(updates)[0] == []  # off
     assert Robustness(direction_spread=4.0).direction_outliers(updates[4:])[0] == []  # 5 cosines needed
+
+
+def median_minus_spread(cosines, k):
+    return np.median(cosines) - k * 1.4826 * np.median(np.abs(np.array(cosines) - np.median(cosines)))
 
 
 def test_a_node_dropped_in_enough_of_its_rounds_is_quarantined_and_an_occasional_drop_is_forgiven():
@@ -207,7 +217,6 @@ def test_the_mean_rule_is_the_sample_weighted_average():
     ("aggregation.min_cosine=-1.5", r"aggregation.min_cosine must be in \[-1, 1\) \(-1: off\), got -1.5"),
     ("aggregation.direction_spread=-1", r"aggregation.direction_spread must be >= 0 \(0: off\), got -1"),
     ("aggregation.direction_strikes=-1", r"aggregation.direction_strikes must be an integer >= 0, got -1"),
-    ("aggregation.direction_strikes=3", r"aggregation.direction_strikes counts the direction check's drops"),
     ("aggregation.groups=region", "aggregation.groups 'region' is unknown"),
     ("aggregation.group_weighting=loss", "aggregation.group_weighting 'loss' is unknown"),
     ("aggregation.weighting=loss", "aggregation.weighting 'loss' is unknown"),
@@ -216,6 +225,12 @@ def test_the_mean_rule_is_the_sample_weighted_average():
 def test_a_bad_aggregation_setting_is_one_line(override, message):
     with pytest.raises(ConfigError, match=message):
         experiment_config([override])
+
+
+def test_strikes_without_a_direction_check_are_refused():
+    with pytest.raises(ValueError, match=r"aggregation.direction_strikes = 3 counts the drops of a direction check and none is on"):
+        experiment_config(["aggregation.direction_spread=0"])
+
 
 
 DIRICHLET = ["data.partition=dirichlet", "data.alpha=1.0"]  # honest updates share a direction
@@ -242,7 +257,7 @@ def test_a_scaled_attacker_wrecks_the_undefended_run_and_the_default_drops_it_an
     assert all(r["update_cosine_min"] < 0 for r in flipped)
 
 
-def test_poisoning_takes_the_clean_default_run_from_the_reference_table_and_nothing_else(tmp_path, monkeypatch):
+def test_poisoning_takes_the_norm_check_clean_run_from_the_reference_table_and_nothing_else(tmp_path, monkeypatch):
     import json
     import sys
     from pathlib import Path
@@ -261,13 +276,19 @@ def test_poisoning_takes_the_clean_default_run_from_the_reference_table_and_noth
     simulated = []
     monkeypatch.setattr("pfedes.sim.simulate", lambda cfg, **_: simulated.append(cfg) or (_ for _ in ()).throw(
         RuntimeError("simulated")))
-    assert [r["round"] for r in poisoning.run_condition("clean", "default", 0, [0], tmp_path / "out", overrides)] == [1, 2]
+    # the reference table was made with the norm check alone (its config has no direction check keys)
+    saved = json.loads((reference / "summary.json").read_text())
+    for entry in ("direction_spread", "direction_strikes"):
+        del saved["config"]["aggregation"][entry]
+    (reference / "summary.json").write_text(json.dumps(saved))
+    assert [r["round"] for r in poisoning.run_condition("clean", "norm_check", 0, [0], tmp_path / "out",
+                                                        overrides)] == [1, 2]
     assert simulated == []
-    for attack, defence, extra in [("flip", "default", []), ("clean", "multikrum", []),
-                                   ("clean", "default", ["num_rounds=3"])]:
+    for attack, defence, extra in [("clean", "default", []), ("flip", "norm_check", []), ("clean", "multikrum", []),
+                                   ("clean", "norm_check", ["num_rounds=3"])]:
         with pytest.raises(RuntimeError, match="simulated"):
             poisoning.run_condition(attack, defence, 0, [0], tmp_path / "out", [*overrides, *extra])
-    assert len(simulated) == 3
+    assert len(simulated) == 4
 
 
 def test_poisoning_runs_the_chosen_conditions_beside_the_clean_default(tmp_path, monkeypatch):
