@@ -149,12 +149,11 @@ class Robustness:
 
     def direction_outliers(self, updates: list[np.ndarray]) -> tuple[list[int], list[float], float]:
         """(indices of the updates whose cosine with the coordinate-wise median of the other non-zero
-        updates is below min_cosine or, with direction_spread k, below the round's median cosine
-        minus k robust standard deviations where that is below 0; every update's cosine: nan for a zero update or when
-        there are fewer than 3 non-zero ones; the floor applied). A zero update (a client still
-        warming up) is never dropped.
-        The median leaves the update itself out: with few replies it would otherwise lean toward
-        each of them, a flipped one included."""
+        updates is below the floor; every update's cosine: nan for a zero update or when there are
+        fewer than 3 non-zero ones; the floor: min_cosine or, with direction_spread k, the round's
+        median cosine minus k robust standard deviations where that is higher and below 0). A zero
+        update (a client still warming up) is never dropped. The median leaves the update itself
+        out: with few replies it would otherwise lean toward each of them, a flipped one included."""
         moved = [i for i, u in enumerate(updates) if np.any(u)]
         cosines = [math.nan] * len(updates)
         if len(moved) < MIN_REPLIES_FOR_NORM_CHECK:

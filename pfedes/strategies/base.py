@@ -147,7 +147,8 @@ class PersonalizedStrategy(FedAvg):
 
     # -- server-side state that a checkpoint must hold besides the shared arrays ----------
     def common_state_dict(self) -> dict[str, Any]:
-        """What every strategy keeps across rounds: the privacy spent, what selection knows."""
+        """What every strategy keeps across rounds: the privacy spent, what selection knows, the
+        direction check's record of each node."""
         return {"dp_releases": list(self.dp_releases), "history": self.history.state_dict(),
                 "selection_rng": self.selection_rng.getstate(), "direction_strikes": self.direction_strikes.state_dict()}
 
