@@ -31,7 +31,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, Context, Message
 from flwr.clientapp import ClientApp
 
-from _common import REFERENCE_BENCH, RESULTS, default_data_path, experiment
+from _common import REFERENCE_BENCH, RESULTS, default_data_path, experiment, stat
 from pfedes.client_app import decode_downlink
 
 ATTACKS = {"scale": 100.0, "flip": -1.0}  # u -> factor * u
@@ -165,8 +165,8 @@ def report(rows: list[dict], conditions: list[tuple[str, str]], args, overrides:
         for prefix, key in (("", "acc_last5"), ("honest_", "honest_acc_last5")):  # all clients; the others
             accs = np.array([r[key] for r in runs]) * 100
             gaps = np.array([r[key] - clean[r["seed"]][key] for r in runs]) * 100
-            entry.update({f"{prefix}acc_mean": float(accs.mean()), f"{prefix}acc_std": std(accs),
-                          f"{prefix}vs_clean_mean": float(gaps.mean()), f"{prefix}vs_clean_std": std(gaps)})
+            entry.update({f"{prefix}acc_mean": float(accs.mean()), f"{prefix}acc_std": stat(accs)["std"] or 0.0,
+                          f"{prefix}vs_clean_mean": float(gaps.mean()), f"{prefix}vs_clean_std": stat(gaps)["std"] or 0.0})
         summary.append({**entry, "dropped_per_round": float(np.mean([r["dropped_per_round"] for r in runs]))})
     args.out.mkdir(parents=True, exist_ok=True)
     command = "python benchmarks/poisoning.py " + " ".join(
@@ -188,10 +188,6 @@ def report(rows: list[dict], conditions: list[tuple[str, str]], args, overrides:
               f"{s['vs_clean_mean']:+.1f} ± {s['vs_clean_std']:.1f} | {s['honest_acc_mean']:.1f} ± "
               f"{s['honest_acc_std']:.1f} | {s['honest_vs_clean_mean']:+.1f} ± {s['honest_vs_clean_std']:.1f} | "
               f"{s['dropped_per_round']:.2f} |")
-
-
-def std(values: np.ndarray) -> float:
-    return float(values.std(ddof=1)) if len(values) > 1 else 0.0
 
 
 def plot(summary: list[dict], path: Path) -> None:
