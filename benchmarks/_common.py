@@ -148,6 +148,32 @@ def read_bench(directory: Path, samples: int | None = None) -> dict[str, dict[in
     return out
 
 
+def settings_apart(directory: Path, reference: Path, strategy: str, free: tuple[str, ...] = ()) -> list[str]:
+    """The settings (dotted names) in which a bench directory's finished runs of a strategy were made
+    otherwise than the reference directory's runs of it with the same seed, leaving out those under
+    `free` (the option being measured) and what names a run rather than configures it. A setting
+    one of them did not have yet counts at its value from before it existed (`with_later_settings`)."""
+    from pfedes.bench.runs import REUSE_FREE_KEYS
+    from pfedes.config import with_later_settings
+
+    def flat(tree: dict, prefix: str = "") -> dict:
+        out = {}
+        for key, value in tree.items():
+            out.update(flat(value, f"{prefix}{key}.") if isinstance(value, dict) else {prefix + key: value})
+        return out
+
+    apart: set[str] = set()
+    for run in sorted((directory / strategy).glob("seed*/summary.json")):
+        against = reference / strategy / run.parent.name / "summary.json"
+        if not against.is_file():
+            continue
+        mine, theirs = (json.loads(p.read_text())["config"] for p in (run, against))
+        mine, theirs = flat(with_later_settings(mine, theirs)), flat(with_later_settings(theirs, mine))
+        apart |= {k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k)
+                  and k.split(".")[0] not in REUSE_FREE_KEYS and not k.startswith(tuple(f"{f}." for f in free))}
+    return sorted(apart)
+
+
 def curves(directory: Path, strategy: str) -> dict[int, list[float]]:
     """{seed: personalized accuracy by round} of a bench directory's finished runs of a strategy."""
     out = {}

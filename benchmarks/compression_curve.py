@@ -1,17 +1,18 @@
 """Bytes against accuracy for compressed uploads (issue 15, target P3): pFedES on the reference
 heterogeneous setting (the zoo, 10 clients, Dirichlet alpha 0.3, 500 samples per client, 15 %
-validation, 60 rounds), each compression option against the uncompressed runs, paired by seed.
+validation, 60 rounds), each compression option against the uncompressed (fp32) runs, paired by seed.
 
-    python benchmarks/compression_curve.py [--options fp16 int8 ...] [--seeds 0 1 2] [--no-run]
+    python benchmarks/compression_curve.py [--options fp32 fp16 int8 ...] [--seeds 0 1 2] [--no-run]
 
-Each option is one `pfedes-bench` run of pfedes into benchmarks/results/compression/<option>/
-(finished runs are reused, so the command resumes); the uncompressed (fp32) runs and Local-only
-are those of the heterogeneous Dirichlet table, benchmarks/results/hetero_dirichlet_val, made with
-the same setting. --no-run only reads what has finished (a missing option shows as not run).
-The bytes are those measured in the runs (bytes_up_per_client in metrics.jsonl: the encoded
-arrays in the messages), as a share of the mean full fp32 model of the zoo. Writes
-benchmarks/results/compression_curve.{csv,json,png}.
-"""
+Each option, fp32 included, is one `pfedes-bench` run of pfedes into
+benchmarks/results/compression/<option>/ (finished runs are reused, so the command resumes); the
+Local-only runs are those of the heterogeneous Dirichlet table, benchmarks/results/hetero_dirichlet_val,
+made with the same setting. An option whose runs were made with other settings than the fp32 runs
+(besides its compression) is reported as such, unpaired: finished runs of an earlier default are
+not compared with runs of today's. --no-run only reads what has finished (a missing option shows as
+not run). The bytes are those measured in the runs (bytes_up_per_client in metrics.jsonl: the
+encoded arrays in the messages), as a share of the mean full fp32 model of the zoo. Writes
+benchmarks/results/compression_curve.{csv,json,png}."""
 
 from __future__ import annotations
 
@@ -21,14 +22,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (REFERENCE_BENCH, REFERENCE_SETTING, RESULTS, experiment, option_command, paired, pct,  # noqa: E402
-                     points_columns, read_bench, run_options, save_plot, stat, write_result)
+                     points_columns, read_bench, run_options, save_plot, settings_apart, stat, write_result)
 from compression_bytes import client_trainers, mean_full_model_bytes  # noqa: E402
 
 SETTING = REFERENCE_SETTING
-FP32_BENCH = REFERENCE_BENCH  # made with SETTING, uncompressed
+LOCAL_BENCH = REFERENCE_BENCH  # its Local-only runs, made with SETTING
 OUT = RESULTS / "compression"
 METHOD = "pfedes"
 OPTIONS = {  # name -> compression overrides (top-k sends the change, with error feedback: conf/'s default)
+    "fp32": [],
     "fp16": ["compression.quantize=fp16"],
     "int8": ["compression.quantize=int8"],
     "top25": ["compression.topk=0.25"],
@@ -51,18 +53,26 @@ def upload_bytes(directory: Path) -> dict[int, float]:
 
 
 def curve(options: list[str], full_bytes: float) -> list[dict]:
-    """One row per option (fp32 first): bytes, accuracy, and the paired changes against fp32 and Local-only."""
-    reference = read_bench(FP32_BENCH, samples=500)
-    fp32, local = reference[METHOD], reference["local"]
+    """One row per option (fp32 first, and needed): bytes, accuracy, and the paired changes against
+    fp32 and Local-only; an option made with other settings than fp32 besides its compression is
+    left unpaired, with the settings that differ."""
+    reference = OUT / "fp32"
+    if not (reference / "results.csv").is_file():
+        raise SystemExit(f"no fp32 runs in {reference}: run the fp32 option first")
+    fp32 = read_bench(reference, samples=500)[METHOD]
+    local = read_bench(LOCAL_BENCH, samples=500)["local"]
     rows = []
-    for option in ["fp32", *options]:
-        directory = FP32_BENCH if option == "fp32" else OUT / option
-        if option != "fp32" and not (directory / "results.csv").is_file():
+    for option in ["fp32", *(o for o in options if o != "fp32")]:
+        directory = OUT / option
+        if not (directory / "results.csv").is_file():
             rows.append({"option": option, "status": "not run"})
             continue
-        accs = reference[METHOD] if option == "fp32" else read_bench(directory, samples=500).get(METHOD, {})
-        sent = upload_bytes(directory)
-        mean_bytes = stat(list(sent.values()))["mean"]
+        apart = settings_apart(directory, reference, METHOD, free=("compression",))
+        if apart:
+            rows.append({"option": option, "status": "other settings than fp32: " + " ".join(apart)})
+            continue
+        accs = read_bench(directory, samples=500).get(METHOD, {})
+        mean_bytes = stat(list(upload_bytes(directory).values()))["mean"]
         rows.append({"option": option, "status": "ok", "seeds": sorted(accs),
                      "upload_kib": mean_bytes / 1024, "pct_of_full_model": 100 * mean_bytes / full_bytes,
                      "accuracy": stat(list(accs.values())), "vs_fp32": paired(accs, fp32),
@@ -116,13 +126,13 @@ def main(argv: list[str]) -> None:
     path = write_result("compression_curve", {
         "command": "python benchmarks/compression_curve.py",
         "bench_commands": {o: " ".join(bench_command(o, args.seeds)) for o in OPTIONS},
-        "fp32_bench": str(FP32_BENCH.relative_to(RESULTS.parents[1])),
+        "local_bench": str(LOCAL_BENCH.relative_to(RESULTS.parents[1])),
         "mean_full_model_kib": full_bytes / 1024, "rows": rows})
     print("| option | upload / client / round | % of full model | personalized acc % | vs fp32 (points) "
           "| vs Local-only (points) |\n|---|---|---|---|---|---|")
     for r in rows:
         if r["status"] != "ok":
-            print(f"| {r['option']} | not run | | | | |")
+            print(f"| {r['option']} | {r['status']} | | | | |")
             continue
         print(f"| {r['option']} | {r['upload_kib']:.1f} KiB | {r['pct_of_full_model']:.2f} | {pct(r['accuracy'])} | "
               f"{'—' if r['option'] == 'fp32' else pct(r['vs_fp32'], sign=True)} | {pct(r['vs_local'], sign=True)} |")
