@@ -90,6 +90,19 @@ def test_uniform_selection_is_flowers_sampling():
     assert len(list(s.configure_train(1, start, ConfigRecord(), Grid()))) == 5
 
 
+@pytest.mark.parametrize("mode", ["uniform", "power_of_choice"])
+def test_a_quarantined_node_is_not_sampled_under_partial_participation_but_trains_when_everyone_does(mode):
+    start = ArrayRecord({"w": Array(np.zeros(2, np.float32))})
+    s = PFedES(make_cfg("num_clients=10", "fraction_train=0.5", f"selection.mode={mode}"))
+    s.direction_strikes.quarantined = {1, 2, 3, 4, 5, 6, 7}
+    for server_round in range(1, 6):
+        sent = [m.metadata.dst_node_id for m in s.configure_train(server_round, start, ConfigRecord(), Grid())]
+        assert sorted(sent) == [8, 9, 10]  # 5 places, 3 nodes not quarantined
+    everyone = PFedES(make_cfg("num_clients=10", "fraction_train=1.0", f"selection.mode={mode}"))
+    everyone.direction_strikes.quarantined = {1, 2}
+    assert len(list(everyone.configure_train(1, start, ConfigRecord(), Grid()))) == 10
+
+
 @pytest.mark.parametrize("override, message", [
     ("selection.mode=greedy", "selection.mode 'greedy' is unknown"),
     ("selection.candidates=0", "selection.candidates must be an integer >= 1, got 0"),

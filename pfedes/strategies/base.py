@@ -183,7 +183,7 @@ class PersonalizedStrategy(FedAvg):
         self.current = {k: v.numpy() for k, v in arrays.items()}
         self.downlink_copies.clear()  # last round's
         sent = self.downlink_copy(self.current)[0] if self.downlink.active else arrays
-        if self.selection.mode == "uniform" or self.fraction_train >= 1.0:
+        if self.fraction_train >= 1.0 or (self.selection.mode == "uniform" and not self.direction_strikes.quarantined):
             messages = list(super().configure_train(server_round, sent, config, grid))
         else:  # FedAvg's messages, to the nodes our selection picks
             nodes = self.select_nodes(grid)
@@ -196,11 +196,17 @@ class PersonalizedStrategy(FedAvg):
         return messages
 
     def select_nodes(self, grid: Grid) -> list[int]:
-        """The round's nodes under selection.mode (after Flower's wait for enough connected nodes)."""
+        """The round's nodes under selection.mode (after Flower's wait for enough connected nodes),
+        drawn from the nodes not quarantined: their replies would be set aside, so a place in a
+        partial sample given to one would be lost (with everyone asked, they still train)."""
         connected = list(grid.get_node_ids())
         count = max(int(len(connected) * self.fraction_train), self.min_train_nodes)
         _, connected = sample_nodes(grid, self.min_available_nodes, count)
-        return power_of_choice(list(connected), count, self.selection.candidates, self.history, self.selection_rng)
+        eligible = [n for n in connected if n not in self.direction_strikes.quarantined]
+        count = min(count, len(eligible))
+        if self.selection.mode == "uniform":
+            return self.selection_rng.sample(eligible, count)
+        return power_of_choice(eligible, count, self.selection.candidates, self.history, self.selection_rng)
 
     def sent_to(self, node_id: int) -> dict[str, np.ndarray]:
         """The server's arrays that this round's train message carried to `node_id` (one model for
