@@ -150,9 +150,10 @@ def read_bench(directory: Path, samples: int | None = None) -> dict[str, dict[in
 
 def settings_apart(directory: Path, reference: Path, strategy: str, free: tuple[str, ...] = ()) -> list[str]:
     """The settings (dotted names) in which a bench directory's finished runs of a strategy were made
-    otherwise than the reference directory's runs of it with the same seed, leaving out those under
-    `free` (the option being measured) and what names a run rather than configures it. A setting
-    one of them did not have yet counts at its value from before it existed (`with_later_settings`)."""
+    otherwise than the reference directory's runs of it with the same seed, leaving out `free` (the
+    settings of the option being measured, dotted names or the groups above them) and what names a
+    run rather than configures it. A setting one of them did not have yet counts at its value from
+    before it existed (`with_later_settings`)."""
     from pfedes.bench.runs import REUSE_FREE_KEYS
     from pfedes.config import with_later_settings
 
@@ -168,10 +169,18 @@ def settings_apart(directory: Path, reference: Path, strategy: str, free: tuple[
         if not against.is_file():
             continue
         mine, theirs = (json.loads(p.read_text())["config"] for p in (run, against))
-        mine, theirs = flat(with_later_settings(mine, theirs)), flat(with_later_settings(theirs, mine))
+        mine = with_later_settings(mine, theirs)  # each given the settings the other has: both all of them
+        theirs = with_later_settings(theirs, mine)
+        mine, theirs = flat(with_later_settings(mine, theirs)), flat(theirs)
         apart |= {k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k)
-                  and k.split(".")[0] not in REUSE_FREE_KEYS and not k.startswith(tuple(f"{f}." for f in free))}
+                  and k.split(".")[0] not in REUSE_FREE_KEYS
+                  and not any(k == f or k.startswith(f"{f}.") for f in free)}
     return sorted(apart)
+
+
+def overridden(overrides: list[str]) -> tuple[str, ...]:
+    """The dotted names that hydra overrides set ("a.b=1" -> "a.b")."""
+    return tuple(o.split("=", 1)[0].lstrip("+~") for o in overrides)
 
 
 def curves(directory: Path, strategy: str) -> dict[int, list[float]]:

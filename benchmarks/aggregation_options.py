@@ -11,7 +11,9 @@ heterogeneous Dirichlet table, benchmarks/results/hetero_dirichlet_val, made wit
 Every option runs at its conf/ defaults: nothing here was tuned. Per option: the final accuracy (mean
 of the last 5 rounds), its change against flat and its gain over Local-only, and the rounds it takes
 to reach Local-only's plateau (per seed, the first round whose 5-round trailing mean reaches
-Local-only's last-5-round mean on that seed). --no-run only reads what has finished. Writes
+Local-only's last-5-round mean on that seed). An option whose runs were made with other settings
+than the flat runs (besides its own) is reported as such, unpaired. --no-run only reads what has
+finished. Writes
 benchmarks/results/aggregation_options.{csv,json,png}.
 """
 
@@ -23,8 +25,9 @@ from pathlib import Path
 
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import (REFERENCE_BENCH, RESULTS, curves, option_command, paired, pct, points_columns, read_bench,  # noqa: E402
-                     rounds_to_reach, run_options, save_plot, seed_mean_curve, stat, write_result)
+from _common import (REFERENCE_BENCH, RESULTS, curves, option_command, overridden, paired, pct,  # noqa: E402
+                     points_columns, read_bench, rounds_to_reach, run_options, save_plot, seed_mean_curve,
+                     settings_apart, stat, write_result)
 
 OUT = RESULTS / "aggregation"
 METHOD = "pfedes"
@@ -61,6 +64,8 @@ def table(options: list[str]) -> list[dict]:
         directory = OUT / option
         if not (directory / "results.csv").is_file() or METHOD not in read_bench(directory, samples=500):
             rows.append({"option": option, "status": "not run"})
+        elif apart := settings_apart(directory, REFERENCE_BENCH, METHOD, free=overridden(OPTIONS[option])):
+            rows.append({"option": option, "status": "other settings than flat: " + " ".join(apart)})
         else:
             rows.append(row(option, directory, flat, local, local_curves))
     return rows
@@ -108,7 +113,7 @@ def main(argv: list[str]) -> None:
     args = run_options(argv, __doc__.splitlines()[0], list(OPTIONS), bench_command)
     rows = table(list(OPTIONS))
     write_csv(rows, RESULTS / "aggregation_options.csv")
-    plot(list(OPTIONS), RESULTS / "aggregation_options.png")
+    plot([r["option"] for r in rows[1:] if r["status"] == "ok"], RESULTS / "aggregation_options.png")
     path = write_result("aggregation_options", {
         "command": "python benchmarks/aggregation_options.py",
         "bench_commands": {o: " ".join(bench_command(o, args.seeds)) for o in OPTIONS},
@@ -117,7 +122,7 @@ def main(argv: list[str]) -> None:
           "plateau, by seed |\n|---|---|---|---|---|")
     for r in rows:
         if r["status"] != "ok":
-            print(f"| {r['option']} | not run | | | |")
+            print(f"| {r['option']} | {r['status']} | | | |")
             continue
         print(f"| {r['option']} | {pct(r['accuracy'])} | {'—' if r['vs_flat'] is None else pct(r['vs_flat'], sign=True)}"
               f" | {pct(r['vs_local'], sign=True)} | {reach_text(r['rounds_to_local_plateau'])} |")

@@ -22,7 +22,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (REFERENCE_BENCH, REFERENCE_SETTING, RESULTS, experiment, option_command, paired, pct,  # noqa: E402
-                     points_columns, read_bench, run_options, save_plot, settings_apart, stat, write_result)
+                     overridden, points_columns, read_bench, run_options, save_plot, settings_apart, stat,
+                     write_result)
 from compression_bytes import client_trainers, mean_full_model_bytes  # noqa: E402
 
 SETTING = REFERENCE_SETTING
@@ -67,7 +68,7 @@ def curve(options: list[str], full_bytes: float) -> list[dict]:
         if not (directory / "results.csv").is_file():
             rows.append({"option": option, "status": "not run"})
             continue
-        apart = settings_apart(directory, reference, METHOD, free=("compression",))
+        apart = settings_apart(directory, reference, METHOD, free=overridden(OPTIONS.get(option, [])))
         if apart:
             rows.append({"option": option, "status": "other settings than fp32: " + " ".join(apart)})
             continue

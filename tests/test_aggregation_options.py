@@ -11,8 +11,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import aggregation_options as ao  # noqa: E402
 
 
-def write_bench(directory: Path, runs: dict[tuple[str, int], list[float]]) -> None:
-    """A pfedes-bench directory: results.csv (last-5 means) and each run's metrics.jsonl."""
+def write_bench(directory: Path, runs: dict[tuple[str, int], list[float]], **settings) -> None:
+    """A pfedes-bench directory: results.csv (last-5 means), each run's metrics.jsonl and its
+    summary.json with the settings it was made with."""
     directory.mkdir(parents=True)
     with (directory / "results.csv").open("w", newline="") as handle:
         writer = csv.writer(handle)
@@ -23,7 +24,9 @@ def write_bench(directory: Path, runs: dict[tuple[str, int], list[float]]) -> No
             run.mkdir(parents=True)
             (run / "metrics.jsonl").write_text("".join(json.dumps({"round": i + 1, "acc_mean": a}) + "\n"
                                                        for i, a in enumerate(accs)))
-            (run / "summary.json").write_text(json.dumps({"config": {"data": {"samples_per_client": 500}}}))
+            config = {"data": {"samples_per_client": 500}, "strategy": {"proxy_epochs": settings.get("passes", 10)},
+                      "aggregation": {"groups": settings.get("groups", "none")}}
+            (run / "summary.json").write_text(json.dumps({"config": config}))
 
 
 def test_rounds_to_reach_is_the_first_trailing_mean_at_the_target():
@@ -37,7 +40,8 @@ def test_each_option_is_paired_by_seed_with_flat_and_local_and_a_missing_one_is_
     monkeypatch.setattr(ao, "OUT", tmp_path / "aggregation")
     write_bench(tmp_path / "table", {("local", 0): [0.5] * 10, ("local", 1): [0.6] * 10,
                                      ("pfedes", 0): [0.4] * 5 + [0.7] * 5, ("pfedes", 1): [0.8] * 10})
-    write_bench(tmp_path / "aggregation" / "two_tier", {("pfedes", 0): [0.72] * 10, ("pfedes", 1): [0.79] * 10})
+    write_bench(tmp_path / "aggregation" / "two_tier", {("pfedes", 0): [0.72] * 10, ("pfedes", 1): [0.79] * 10},
+                groups="device")
     rows = {r["option"]: r for r in ao.table(["two_tier", "quality"])}
     assert rows["flat"]["vs_flat"] is None
     assert rows["flat"]["vs_local"]["by_seed"] == pytest.approx({0: 0.2, 1: 0.2})
@@ -54,6 +58,15 @@ def test_each_option_is_paired_by_seed_with_flat_and_local_and_a_missing_one_is_
     assert float(written[1]["vs_flat_mean"]) == pytest.approx(0.5)
     assert written[1]["rounds_to_local_plateau_by_seed"] == "5 / 5"
     assert (tmp_path / "options.png").stat().st_size > 0
+
+
+def test_an_option_made_with_other_settings_than_flat_besides_its_own_is_not_paired(tmp_path, monkeypatch):
+    monkeypatch.setattr(ao, "REFERENCE_BENCH", tmp_path / "table")
+    monkeypatch.setattr(ao, "OUT", tmp_path / "aggregation")
+    write_bench(tmp_path / "table", {("local", 0): [0.5] * 10, ("pfedes", 0): [0.7] * 10})
+    write_bench(tmp_path / "aggregation" / "two_tier", {("pfedes", 0): [0.72] * 10}, groups="device", passes=5)
+    rows = {r["option"]: r for r in ao.table(["two_tier"])}
+    assert rows["two_tier"]["status"] == "other settings than flat: strategy.proxy_epochs"
 
 
 def test_the_bench_command_carries_the_option_and_the_reference_setting():
