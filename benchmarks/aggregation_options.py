@@ -3,18 +3,18 @@ pFedES on the reference heterogeneous setting (the zoo, 10 clients, Dirichlet al
 per client, 15 % validation, 60 rounds), each aggregation option against the flat sample-weighted
 mean, paired by seed.
 
-    python benchmarks/aggregation_options.py [--options two_tier ...] [--seeds 0 1 2] [--no-run]
+    python benchmarks/aggregation_options.py [--options flat two_tier ...] [--seeds 0 1 2] [--no-run]
 
-Each option is one `pfedes-bench` run of pfedes into benchmarks/results/aggregation/<option>/
-(finished runs are reused, so the command resumes); the flat runs and Local-only are those of the
-heterogeneous Dirichlet table, benchmarks/results/hetero_dirichlet_val, made with the same setting.
-Every option runs at its conf/ defaults: nothing here was tuned. Per option: the final accuracy (mean
-of the last 5 rounds), its change against flat and its gain over Local-only, and the rounds it takes
-to reach Local-only's plateau (per seed, the first round whose 5-round trailing mean reaches
-Local-only's last-5-round mean on that seed). An option whose runs were made with other settings
-than the flat runs (besides its own) is reported as such, unpaired. --no-run only reads what has
-finished. Writes
-benchmarks/results/aggregation_options.{csv,json,png}.
+Each option, flat included, is one `pfedes-bench` run of pfedes into
+benchmarks/results/aggregation/<option>/ (finished runs are reused, so the command resumes); the
+Local-only runs are those of the heterogeneous Dirichlet table, benchmarks/results/hetero_dirichlet_val,
+made with the same setting. Every option runs at its conf/ defaults: nothing here was tuned. Per
+option: the final accuracy (mean of the last 5 rounds), its change against flat and its gain over
+Local-only, and the rounds it takes to reach Local-only's plateau (per seed, the first round whose
+5-round trailing mean reaches Local-only's last-5-round mean on that seed). An option whose runs were
+made with other settings than the flat runs (besides its own) is reported as such, unpaired:
+finished runs of an earlier default are not compared with runs of today's. --no-run only reads what
+has finished. Writes benchmarks/results/aggregation_options.{csv,json,png}.
 """
 
 from __future__ import annotations
@@ -29,9 +29,11 @@ from _common import (REFERENCE_BENCH, RESULTS, curves, option_command, overridde
                      points_columns, read_bench, rounds_to_reach, run_options, save_plot, seed_mean_curve,
                      settings_apart, stat, write_result)
 
+LOCAL_BENCH = REFERENCE_BENCH  # its Local-only runs, made with the same setting
 OUT = RESULTS / "aggregation"
 METHOD = "pfedes"
 OPTIONS = {  # name -> aggregation overrides
+    "flat": [],  # conf/'s default: the sample-weighted mean of every accepted reply
     # each device profile's mean, then the profiles equally (weighing the profiles by samples instead
     # is the flat mean again under the default rule, by construction: tests/test_robust.py)
     "two_tier": ["aggregation.groups=device"],
@@ -55,16 +57,19 @@ def row(option: str, directory: Path, flat: dict[int, float], local: dict[int, f
 
 
 def table(options: list[str]) -> list[dict]:
-    """One row per option (flat first), paired with the reference table's runs."""
-    reference = read_bench(REFERENCE_BENCH, samples=500)
-    flat, local = reference[METHOD], reference["local"]
-    local_curves = curves(REFERENCE_BENCH, "local")
-    rows = [row("flat", REFERENCE_BENCH, flat, local, local_curves)]
-    for option in options:
+    """One row per option (flat first, and needed), paired by seed with flat and with Local-only."""
+    reference = OUT / "flat"
+    if not (reference / "results.csv").is_file():
+        raise SystemExit(f"no flat runs in {reference}: run the flat option first")
+    flat = read_bench(reference, samples=500)[METHOD]
+    local = read_bench(LOCAL_BENCH, samples=500)["local"]
+    local_curves = curves(LOCAL_BENCH, "local")
+    rows = []
+    for option in ["flat", *(o for o in options if o != "flat")]:
         directory = OUT / option
         if not (directory / "results.csv").is_file() or METHOD not in read_bench(directory, samples=500):
             rows.append({"option": option, "status": "not run"})
-        elif apart := settings_apart(directory, REFERENCE_BENCH, METHOD, free=overridden(OPTIONS[option])):
+        elif apart := settings_apart(directory, reference, METHOD, free=overridden(OPTIONS.get(option, []))):
             rows.append({"option": option, "status": "other settings than flat: " + " ".join(apart)})
         else:
             rows.append(row(option, directory, flat, local, local_curves))
@@ -97,8 +102,8 @@ def plot(options: list[str], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    series = {"Local-only": curves(REFERENCE_BENCH, "local"), "flat": curves(REFERENCE_BENCH, METHOD)}
-    series.update({o: curves(OUT / o, METHOD) for o in options})
+    series = {"Local-only": curves(LOCAL_BENCH, "local")}
+    series.update({o: curves(OUT / o, METHOD) for o in ["flat", *(o for o in options if o != "flat")]})
     fig, ax = plt.subplots(figsize=(7, 4))
     for name, by_seed in series.items():
         if by_seed:
@@ -113,11 +118,11 @@ def main(argv: list[str]) -> None:
     args = run_options(argv, __doc__.splitlines()[0], list(OPTIONS), bench_command)
     rows = table(list(OPTIONS))
     write_csv(rows, RESULTS / "aggregation_options.csv")
-    plot([r["option"] for r in rows[1:] if r["status"] == "ok"], RESULTS / "aggregation_options.png")
+    plot([r["option"] for r in rows if r["status"] == "ok"], RESULTS / "aggregation_options.png")
     path = write_result("aggregation_options", {
         "command": "python benchmarks/aggregation_options.py",
         "bench_commands": {o: " ".join(bench_command(o, args.seeds)) for o in OPTIONS},
-        "flat_bench": str(REFERENCE_BENCH.relative_to(RESULTS.parents[1])), "rows": rows})
+        "local_bench": str(LOCAL_BENCH.relative_to(RESULTS.parents[1])), "rows": rows})
     print("| option | personalized acc % | vs flat (points) | vs Local-only (points) | rounds to Local-only's "
           "plateau, by seed |\n|---|---|---|---|---|")
     for r in rows:

@@ -36,10 +36,10 @@ def test_rounds_to_reach_is_the_first_trailing_mean_at_the_target():
 
 
 def test_each_option_is_paired_by_seed_with_flat_and_local_and_a_missing_one_is_not_run(tmp_path, monkeypatch):
-    monkeypatch.setattr(ao, "REFERENCE_BENCH", tmp_path / "table")
+    monkeypatch.setattr(ao, "LOCAL_BENCH", tmp_path / "table")
     monkeypatch.setattr(ao, "OUT", tmp_path / "aggregation")
-    write_bench(tmp_path / "table", {("local", 0): [0.5] * 10, ("local", 1): [0.6] * 10,
-                                     ("pfedes", 0): [0.4] * 5 + [0.7] * 5, ("pfedes", 1): [0.8] * 10})
+    write_bench(tmp_path / "table", {("local", 0): [0.5] * 10, ("local", 1): [0.6] * 10})
+    write_bench(tmp_path / "aggregation" / "flat", {("pfedes", 0): [0.4] * 5 + [0.7] * 5, ("pfedes", 1): [0.8] * 10})
     write_bench(tmp_path / "aggregation" / "two_tier", {("pfedes", 0): [0.72] * 10, ("pfedes", 1): [0.79] * 10},
                 groups="device")
     rows = {r["option"]: r for r in ao.table(["two_tier", "quality"])}
@@ -51,7 +51,7 @@ def test_each_option_is_paired_by_seed_with_flat_and_local_and_a_missing_one_is_
     assert rows["two_tier"]["rounds_to_local_plateau"] == {0: 5, 1: 5}
     assert rows["quality"]["status"] == "not run"
     ao.write_csv(list(rows.values()), tmp_path / "options.csv")
-    monkeypatch.setattr(ao, "OPTIONS", {"two_tier": [], "quality": []})
+    monkeypatch.setattr(ao, "OPTIONS", {"flat": [], "two_tier": [], "quality": []})
     ao.plot(["two_tier", "quality"], tmp_path / "options.png")
     written = list(csv.DictReader((tmp_path / "options.csv").open()))
     assert [r["option"] for r in written] == ["flat", "two_tier", "quality"]
@@ -61,9 +61,10 @@ def test_each_option_is_paired_by_seed_with_flat_and_local_and_a_missing_one_is_
 
 
 def test_an_option_made_with_other_settings_than_flat_besides_its_own_is_not_paired(tmp_path, monkeypatch):
-    monkeypatch.setattr(ao, "REFERENCE_BENCH", tmp_path / "table")
+    monkeypatch.setattr(ao, "LOCAL_BENCH", tmp_path / "table")
     monkeypatch.setattr(ao, "OUT", tmp_path / "aggregation")
-    write_bench(tmp_path / "table", {("local", 0): [0.5] * 10, ("pfedes", 0): [0.7] * 10})
+    write_bench(tmp_path / "table", {("local", 0): [0.5] * 10})
+    write_bench(tmp_path / "aggregation" / "flat", {("pfedes", 0): [0.7] * 10})
     write_bench(tmp_path / "aggregation" / "two_tier", {("pfedes", 0): [0.72] * 10}, groups="device", passes=5)
     rows = {r["option"]: r for r in ao.table(["two_tier"])}
     assert rows["two_tier"]["status"] == "other settings than flat: strategy.proxy_epochs"
@@ -74,3 +75,10 @@ def test_the_bench_command_carries_the_option_and_the_reference_setting():
     assert "aggregation.weighting=quality" in command
     assert "num_rounds=60" in command and "seeds=[0,1,2]" in command
     assert command[-1] == "out_dir=benchmarks/results/aggregation/quality"
+    assert not any(o.startswith("aggregation.") for o in ao.bench_command("flat", [0])), "flat is conf/'s default"
+
+
+def test_without_flat_runs_the_table_stops_and_says_so(tmp_path, monkeypatch):
+    monkeypatch.setattr(ao, "OUT", tmp_path / "aggregation")
+    with pytest.raises(SystemExit, match="no flat runs"):
+        ao.table(["two_tier"])
