@@ -69,7 +69,7 @@ def table(options: list[str]) -> list[dict]:
         directory = OUT / option
         if not (directory / "results.csv").is_file() or METHOD not in read_bench(directory, samples=500):
             rows.append({"option": option, "status": "not run"})
-        elif apart := settings_apart(directory, reference, METHOD, free=overridden(OPTIONS.get(option, []))):
+        elif apart := settings_apart(directory, reference, METHOD, free=overridden(OPTIONS[option])):
             rows.append({"option": option, "status": "other settings than flat: " + " ".join(apart)})
         else:
             rows.append(row(option, directory, flat, local, local_curves))
@@ -96,14 +96,14 @@ def write_csv(rows: list[dict], path: Path) -> None:
 
 
 def plot(options: list[str], path: Path) -> None:
-    """Seed-mean personalized accuracy by round: Local-only, flat and each option that has runs."""
+    """Seed-mean personalized accuracy by round: Local-only and each of `options` (flat among them) that has runs."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     series = {"Local-only": curves(LOCAL_BENCH, "local")}
-    series.update({o: curves(OUT / o, METHOD) for o in ["flat", *(o for o in options if o != "flat")]})
+    series.update({o: curves(OUT / o, METHOD) for o in options})
     fig, ax = plt.subplots(figsize=(7, 4))
     for name, by_seed in series.items():
         if by_seed:

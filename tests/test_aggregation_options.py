@@ -52,7 +52,7 @@ def test_each_option_is_paired_by_seed_with_flat_and_local_and_a_missing_one_is_
     assert rows["quality"]["status"] == "not run"
     ao.write_csv(list(rows.values()), tmp_path / "options.csv")
     monkeypatch.setattr(ao, "OPTIONS", {"flat": [], "two_tier": [], "quality": []})
-    ao.plot(["two_tier", "quality"], tmp_path / "options.png")
+    ao.plot(["flat", "two_tier", "quality"], tmp_path / "options.png")
     written = list(csv.DictReader((tmp_path / "options.csv").open()))
     assert [r["option"] for r in written] == ["flat", "two_tier", "quality"]
     assert float(written[1]["vs_flat_mean"]) == pytest.approx(0.5)
