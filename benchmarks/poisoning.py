@@ -57,6 +57,7 @@ CONDITIONS = [("clean", "default"), ("clean", "norm_check"), ("clean", "directio
               ("clean", "multikrum")] + [
     (a, d) for a in ATTACKS for d in DEFENCES if a == "flip" or d in AGAINST_SCALE]
 LAST = 5
+OUTLIER_SPREADS = 2.0  # a node's cosine this many robust spreads below its round's median: see outlier_shares
 
 attacker_app = ClientApp()
 
@@ -133,6 +134,32 @@ def honest_last_mean(rounds: list[dict], attackers: list[int]) -> float:
                                    if int(partition) not in attackers]) for r in rounds[-LAST:]]))
 
 
+def outlier_shares(rounds: list[dict], spreads: float = OUTLIER_SPREADS) -> dict[int, float]:
+    """{node: share of its checked rounds in which its update's cosine (`update_cosines`) lay more
+    than `spreads` robust standard deviations (1.4826 x MAD) below the round's median cosine}: the
+    evidence a direction check could gather across rounds about a node that no single round shows."""
+    hits: dict[int, list[bool]] = {}
+    for r in rounds:
+        cosines = r.get("update_cosines") or {}
+        if len(cosines) < 5:  # as the direction check, which needs 5 replies
+            continue
+        values = np.array(list(cosines.values()))
+        median = np.median(values)
+        spread = 1.4826 * np.median(np.abs(values - median))
+        for node, cosine in cosines.items():
+            hits.setdefault(int(node), []).append(bool(cosine < median - spreads * spread))
+    return {node: float(np.mean(h)) for node, h in hits.items()}
+
+
+def outlier_summary(rounds: list[dict], attackers: list[int]) -> dict:
+    """The attackers' mean and the honest nodes' highest outlier share (None without cosines)."""
+    shares = outlier_shares(rounds)
+    attacking = [v for node, v in shares.items() if node in attackers]
+    honest = [v for node, v in shares.items() if node not in attackers]
+    return {"outlier_share_attackers": float(np.mean(attacking)) if attacking else None,
+            "outlier_share_honest_max": max(honest) if honest else None}
+
+
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -150,7 +177,8 @@ def main(argv: list[str]) -> None:
             rounds = run_condition(attack, defence, seed, args.attackers, args.out, overrides)
             rows.append({"attack": attack, "defence": defence, "seed": seed, "acc_last5": last_mean(rounds),
                          "honest_acc_last5": honest_last_mean(rounds, args.attackers),
-                         "dropped_per_round": float(np.mean([r["clients_dropped"] for r in rounds]))})
+                         "dropped_per_round": float(np.mean([r["clients_dropped"] for r in rounds])),
+                         **outlier_summary(rounds, args.attackers)})
             print(f"[poisoning] seed {seed} {attack:5s} {defence:12s} acc {rows[-1]['acc_last5']:.3f} "
                   f"dropped/round {rows[-1]['dropped_per_round']:.2f}", flush=True)
     report(rows, conditions, args, overrides)
@@ -167,7 +195,8 @@ def report(rows: list[dict], conditions: list[tuple[str, str]], args, overrides:
             gaps = np.array([r[key] - clean[r["seed"]][key] for r in runs]) * 100
             entry.update({f"{prefix}acc_mean": float(accs.mean()), f"{prefix}acc_std": stat(accs)["std"] or 0.0,
                           f"{prefix}vs_clean_mean": float(gaps.mean()), f"{prefix}vs_clean_std": stat(gaps)["std"] or 0.0})
-        summary.append({**entry, "dropped_per_round": float(np.mean([r["dropped_per_round"] for r in runs]))})
+        summary.append({**entry, "dropped_per_round": float(np.mean([r["dropped_per_round"] for r in runs])),
+                        **{key: by_seed(runs, key) for key in ("outlier_share_attackers", "outlier_share_honest_max")}})
     args.out.mkdir(parents=True, exist_ok=True)
     command = "python benchmarks/poisoning.py " + " ".join(
         [f"--seeds {' '.join(map(str, args.seeds))}", f"--attackers {' '.join(map(str, args.attackers))}"]
@@ -188,6 +217,18 @@ def report(rows: list[dict], conditions: list[tuple[str, str]], args, overrides:
               f"{s['vs_clean_mean']:+.1f} ± {s['vs_clean_std']:.1f} | {s['honest_acc_mean']:.1f} ± "
               f"{s['honest_acc_std']:.1f} | {s['honest_vs_clean_mean']:+.1f} ± {s['honest_vs_clean_std']:.1f} | "
               f"{s['dropped_per_round']:.2f} |")
+    print(f"\nshare of a node's checked rounds with its cosine over {OUTLIER_SPREADS:g} robust spreads below the "
+          "round's median (by seed): the attackers' mean; the most of any honest node")
+    for s in summary:
+        if s["outlier_share_honest_max"]:
+            print(f"  {s['attack']:5s} {s['defence']:18s} attackers {s['outlier_share_attackers'] or '-'}; "
+                  f"honest max {s['outlier_share_honest_max']}")
+
+
+def by_seed(runs: list[dict], key: str) -> str | None:
+    """"0.42 / 0.85 / 0.85": a per-run figure by seed, or None where no run has it."""
+    values = [r.get(key) for r in runs]
+    return None if all(v is None for v in values) else " / ".join("-" if v is None else f"{v:.2f}" for v in values)
 
 
 def plot(summary: list[dict], path: Path) -> None:

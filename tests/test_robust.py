@@ -443,3 +443,21 @@ def test_a_pfedes_client_reports_fqi_and_its_label_distribution_under_quality_we
     # identical features within each class are perfectly compact
     trainer.shared_features = lambda x: x.float().mean(dim=(2, 3)) * 0 + 1.0
     assert feature_quality(trainer, data.x_train, data.y_train) == pytest.approx(1.0)
+
+
+def test_poisoning_outlier_shares_count_each_nodes_rounds_far_below_the_round_median():
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import poisoning
+
+    honest = {str(n): -0.1 + 0.01 * n for n in range(2, 10)}  # median ~ -0.055, spread ~ 0.03
+    rounds = [{"update_cosines": {**honest, "0": -0.5, "1": -0.5 if r % 2 else -0.06}} for r in range(4)]
+    rounds += [{"update_cosines": None}, {"update_cosines": {"0": -0.9, "1": 0.0, "2": 0.1, "3": 0.2}}]  # unchecked
+    shares = poisoning.outlier_shares(rounds)
+    assert shares[0] == 1.0 and shares[1] == 0.5 and all(shares[n] == 0.0 for n in range(2, 10))
+    assert poisoning.outlier_summary(rounds, [0]) == {"outlier_share_attackers": 1.0, "outlier_share_honest_max": 0.5}
+    assert poisoning.outlier_summary([{"update_cosines": None}], [0]) == {
+        "outlier_share_attackers": None, "outlier_share_honest_max": None}
+    assert poisoning.by_seed([{"x": 0.5}, {"x": None}], "x") == "0.50 / -"
