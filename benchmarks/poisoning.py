@@ -33,6 +33,7 @@ from flwr.clientapp import ClientApp
 
 from _common import REFERENCE_BENCH, RESULTS, default_data_path, experiment, stat
 from pfedes.client_app import decode_downlink
+from pfedes.robust import MAD_TO_STD, MIN_COSINES_FOR_SPREAD
 
 ATTACKS = {"scale": 100.0, "flip": -1.0}  # u -> factor * u
 NO_DIRECTION = ["aggregation.direction_spread=0", "aggregation.direction_strikes=0"]
@@ -136,16 +137,16 @@ def honest_last_mean(rounds: list[dict], attackers: list[int]) -> float:
 
 def outlier_shares(rounds: list[dict], spreads: float = OUTLIER_SPREADS) -> dict[int, float]:
     """{node: share of its checked rounds in which its update's cosine (`update_cosines`) lay more
-    than `spreads` robust standard deviations (1.4826 x MAD) below the round's median cosine}: the
+    than `spreads` robust standard deviations (as the direction check's) below the round's median cosine}: the
     evidence a direction check could gather across rounds about a node that no single round shows."""
     hits: dict[int, list[bool]] = {}
     for r in rounds:
         cosines = r.get("update_cosines") or {}
-        if len(cosines) < 5:  # as the direction check, which needs 5 replies
+        if len(cosines) < MIN_COSINES_FOR_SPREAD:
             continue
         values = np.array(list(cosines.values()))
         median = np.median(values)
-        spread = 1.4826 * np.median(np.abs(values - median))
+        spread = MAD_TO_STD * np.median(np.abs(values - median))
         for node, cosine in cosines.items():
             hits.setdefault(int(node), []).append(bool(cosine < median - spreads * spread))
     return {node: float(np.mean(h)) for node, h in hits.items()}
