@@ -2,11 +2,12 @@
 (x100) or sign-flipped updates every round; pFedES's accuracy with no defence, with the default
 (norm-anomaly rejection, then the direction check relative to the round's spread with its memory
 of the nodes it dropped), with the norm check alone (the default until 2026-12-06), with a fixed
-cosine floor, with the relative check without memory, and with a trimmed mean, the median or
-Multi-Krum (each after the norm check), beside the clean run with the default, paired by seed.
+cosine floor, with the relative check without memory, with the memory also counting rounds far
+below the median (`strike_spread`), and with a trimmed mean, the median or Multi-Krum (each after
+the norm check), beside the clean run with the default, paired by seed.
 
     python benchmarks/poisoning.py [--seeds 0 1 2] [--attackers 0 5] [--conditions flip:default ...]
-                                   [--out DIR] [hydra overrides]
+                                   [--out DIR] [--replay-strike-spreads S ...] [hydra overrides]
 
 The attackers live here only: this file's ClientApp wraps pfedes's own and rewrites the train
 reply of the attacking partitions (update u = sent - received becomes 100 u, or -u). No setting in
@@ -33,9 +34,10 @@ from flwr.clientapp import ClientApp
 
 from _common import REFERENCE_BENCH, RESULTS, default_data_path, experiment, stat
 from pfedes.client_app import decode_downlink
-from pfedes.robust import MAD_TO_STD, MIN_COSINES_FOR_SPREAD
+from pfedes.robust import MAD_TO_STD, MIN_COSINES_FOR_SPREAD, DirectionStrikes, Robustness
 
 ATTACKS = {"scale": 100.0, "flip": -1.0}  # u -> factor * u
+STRIKE_SPREAD = 3.0  # chosen on tuning seed 100 (README, "Robust aggregation")
 NO_DIRECTION = ["aggregation.direction_spread=0", "aggregation.direction_strikes=0"]
 DEFENCES = {
     "none": ["aggregation.rule=mean", "aggregation.norm_threshold=0", *NO_DIRECTION],
@@ -46,6 +48,8 @@ DEFENCES = {
     "norm_check": NO_DIRECTION,  # the norm check alone: the default until 2026-12-06
     "direction": ["aggregation.min_cosine=0", *NO_DIRECTION],  # the norm check and a fixed cosine floor of 0
     "spread_each_round": ["aggregation.direction_strikes=0"],  # the default without the memory
+    # the default with rounds past STRIKE_SPREAD robust spreads also counting toward the quarantine
+    "strike_spread": [f"aggregation.strike_spread={STRIKE_SPREAD}"],
     "trimmed_mean": ["aggregation.rule=trimmed_mean", "aggregation.trim_fraction=0.2", *NO_DIRECTION],
     "median": ["aggregation.rule=median", *NO_DIRECTION],
     "multikrum": ["aggregation.rule=multikrum", "aggregation.num_malicious=2", *NO_DIRECTION],
@@ -55,7 +59,7 @@ DEFENCES = {
 AGAINST_SCALE = ("none", "norm_check", "default", "trimmed_mean")
 # without attackers: what the direction checks and Multi-Krum (setting aside f honest replies) cost
 CONDITIONS = [("clean", "default"), ("clean", "norm_check"), ("clean", "direction"), ("clean", "spread_each_round"),
-              ("clean", "multikrum")] + [
+              ("clean", "multikrum"), ("clean", "strike_spread")] + [
     (a, d) for a in ATTACKS for d in DEFENCES if a == "flip" or d in AGAINST_SCALE]
 LAST = 5
 OUTLIER_SPREADS = 2.0  # a node's cosine this many robust spreads below its round's median: see outlier_shares
@@ -161,6 +165,25 @@ def outlier_summary(rounds: list[dict], attackers: list[int]) -> dict:
             "outlier_share_honest_max": max(honest) if honest else None}
 
 
+def replayed_quarantines(rounds: list[dict], strike_spread: float, limit: int = 3) -> dict[int, int]:
+    """{node: the round in which the direction check's memory (`direction_strikes` limit) with
+    `strike_spread` would have quarantined it}, replayed on a run's recorded cosines and floors with
+    pfedes.robust's own rule. Exact until the first quarantine that the run itself did not make
+    (from then on the run would have gone differently); a node the replay quarantines is skipped
+    after, one the run quarantined has no cosines after."""
+    robust, memory, out = Robustness(direction_strikes=limit, strike_spread=strike_spread), DirectionStrikes(limit), {}
+    for r in rounds:
+        recorded = {int(node): c for node, c in (r.get("update_cosines") or {}).items()}
+        nodes = [node for node in recorded if node not in memory.quarantined]
+        cosines = [recorded[node] for node in nodes]
+        floor = r.get("update_cosine_floor", -1.0)
+        away = [i for i, c in enumerate(cosines) if c < floor]
+        for node, struck in zip(nodes, robust.strikes(cosines, away)):
+            if memory.record(node, struck):
+                out[node] = int(r["round"])
+    return out
+
+
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -168,6 +191,9 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--conditions", nargs="+", choices=[f"{a}:{d}" for a, d in CONDITIONS],
                         default=[f"{a}:{d}" for a, d in CONDITIONS], help="attack:defence")
     parser.add_argument("--out", type=Path, default=RESULTS / "poisoning")
+    parser.add_argument("--replay-strike-spreads", type=float, nargs="+", default=[], metavar="S",
+                        help="print, per run, the nodes the memory would quarantine with aggregation.strike_spread=S "
+                        "(replayed on its recorded cosines; how STRIKE_SPREAD was chosen on a tuning seed)")
     args, overrides = parser.parse_known_args(argv)
     conditions = [(a, d) for a, d in CONDITIONS if f"{a}:{d}" in args.conditions or (a, d) == ("clean", "default")]
     overrides = [f"data.path={default_data_path()}", "num_clients=10", "data.partition=dirichlet",
@@ -182,6 +208,9 @@ def main(argv: list[str]) -> None:
                          **outlier_summary(rounds, args.attackers)})
             print(f"[poisoning] seed {seed} {attack:5s} {defence:12s} acc {rows[-1]['acc_last5']:.3f} "
                   f"dropped/round {rows[-1]['dropped_per_round']:.2f}", flush=True)
+            for spread in args.replay_strike_spreads:
+                print(f"  replayed with strike_spread={spread:g}: quarantined {{node: round}} "
+                      f"{replayed_quarantines(rounds, spread)} (attackers {args.attackers})", flush=True)
     report(rows, conditions, args, overrides)
 
 

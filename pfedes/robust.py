@@ -25,7 +25,11 @@ the server combines them before its server momentum.
 - Memory of the direction checks (`direction_strikes` n, on by default at 3): a node whose reply the
   direction check dropped in n rounds or more, and in a quarter or more of the rounds it was
   checked in, is quarantined: its replies are set aside for the rest of the run (logged once, with
-  the node id; the record is in the server checkpoint, so a resumed run keeps it). A check without
+  the node id; the record is in the server checkpoint, so a resumed run keeps it). With
+  `strike_spread` s (off by default) a round also counts against a node when its cosine lay more
+  than s robust standard deviations below the round's median, and below 0, though not dropped:
+  under strong label skew a flipped update can stay within the k spreads of each round, yet lie
+  past s in most of its rounds, as no honest node does (README, "Robust aggregation"). A check without
   memory lets a flipper back in: once its updates are set aside the federation settles where the
   honest updates cancel, and there a flipped update no longer stands out (README, "Robust
   aggregation"). An honest node is dropped now and then, never in a quarter of its rounds.
@@ -76,7 +80,7 @@ SCORE_KEY = "val_score"  # the train reply's metric behind `val_score` weighting
 MIN_REPLIES_FOR_NORM_CHECK = 3
 MIN_COSINES_FOR_SPREAD = 5
 MAD_TO_STD = 1.4826  # the MAD of normal samples times this estimates their standard deviation
-STRIKE_SHARE = 0.25  # direction_strikes: the share of a node's checked rounds it must have been dropped in
+STRIKE_SHARE = 0.25  # direction_strikes: the share of a node's checked rounds that must count against it
 
 
 @dataclass(frozen=True)
@@ -88,6 +92,7 @@ class Robustness:
     min_cosine: float = -1.0
     direction_spread: float = 4.0
     direction_strikes: int = 3
+    strike_spread: float = 0.0
     groups: str = "none"
     group_weighting: str = "equal"
     weighting: str = "samples"
@@ -106,12 +111,16 @@ class Robustness:
                      a.number("min_cosine", -1.0, "in [-1, 1) (-1: off)", lambda v: -1 <= v < 1),
                      a.number("direction_spread", 4.0, ">= 0 (0: off)", lambda v: v >= 0),
                      a.integer("direction_strikes", 3, 0),
+                     a.number("strike_spread", 0.0, ">= 0 (0: only drops count)", lambda v: v >= 0),
                      a.choice("groups", "none", GROUPS), a.choice("group_weighting", "equal", GROUP_WEIGHTING),
                      weighting, a.number("temperature", 0.1, "> 0", lambda v: v > 0),
                      a.number("quality_blend", 0.5, "in [0, 1]", lambda v: 0 <= v <= 1))
         if robust.direction_strikes and not robust.checks_direction:
             a.fail("direction_strikes", f"= {robust.direction_strikes} counts the drops of a direction check and "
                    "none is on (aggregation.direction_spread=0, min_cosine=-1): set it to 0 as well")
+        if robust.strike_spread and not robust.direction_strikes:
+            a.fail("strike_spread", f"= {robust.strike_spread} decides which rounds count toward direction_strikes, "
+                   "which is off (0): set it to 0 as well")
         return robust
 
     @property
@@ -163,13 +172,15 @@ class Robustness:
             scale = float(np.linalg.norm(others))
             if scale > 0:
                 cosines[i] = float(updates[i] @ others) / (float(np.linalg.norm(updates[i])) * scale)
-        floor = self.min_cosine
-        finite = np.array([c for c in cosines if math.isfinite(c)])
-        if self.direction_spread > 0 and len(finite) >= MIN_COSINES_FOR_SPREAD:
-            median = float(np.median(finite))
-            spread = MAD_TO_STD * float(np.median(np.abs(finite - median)))
-            floor = max(floor, min(0.0, median - self.direction_spread * spread))  # never an aligned one
+        floor = max(self.min_cosine, relative_floor(cosines, self.direction_spread))
         return [i for i, c in enumerate(cosines) if self.checks_direction and c < floor], cosines, floor
+
+    def strikes(self, cosines: list[float], away: list[int]) -> list[bool]:
+        """Per cosine of a direction check: whether the round counts against its node
+        (`direction_strikes`): it was dropped (`away`), or, with `strike_spread` s, it lay more than s
+        robust standard deviations below the round's median cosine, and below 0."""
+        floor = relative_floor(cosines, self.strike_spread)
+        return [i in away or c < floor for i, c in enumerate(cosines)]
 
     # -- how they combine ----------------------------------------------------------------
     def combine(self, arrays: list[dict[str, np.ndarray]], weights: list[float],
@@ -213,7 +224,7 @@ class Robustness:
 
 class DirectionStrikes:
     """What the server remembers of each node's direction checks (`direction_strikes`): the rounds
-    its reply was checked in, those it was dropped in, and the nodes quarantined for the run."""
+    its reply was checked in, those that counted against it, and the nodes quarantined for the run."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
@@ -221,10 +232,10 @@ class DirectionStrikes:
         self.strikes: dict[int, int] = {}
         self.quarantined: set[int] = set()
 
-    def record(self, node: int, dropped: bool) -> bool:
-        """Count one check of `node`; True when this one quarantines it."""
+    def record(self, node: int, struck: bool) -> bool:
+        """Count one check of `node` (`struck`: it counts against it); True when this one quarantines it."""
         self.checked[node] = self.checked.get(node, 0) + 1
-        self.strikes[node] = self.strikes.get(node, 0) + int(dropped)
+        self.strikes[node] = self.strikes.get(node, 0) + int(struck)
         if (self.limit and node not in self.quarantined and self.strikes[node] >= self.limit
                 and self.strikes[node] >= STRIKE_SHARE * self.checked[node]):
             self.quarantined.add(node)
@@ -238,6 +249,17 @@ class DirectionStrikes:
         self.checked = {int(k): int(v) for k, v in (state.get("checked") or {}).items()}
         self.strikes = {int(k): int(v) for k, v in (state.get("strikes") or {}).items()}
         self.quarantined = {int(n) for n in state.get("quarantined") or []}
+
+
+def relative_floor(cosines: list[float], spreads: float) -> float:
+    """The round's median cosine minus `spreads` robust standard deviations (1.4826 x the MAD of its
+    finite cosines), where that is below 0 (an aligned update is never below it); -1 (nothing is
+    below it) with `spreads` 0 or fewer than 5 finite cosines."""
+    finite = np.array([c for c in cosines if math.isfinite(c)])
+    if spreads <= 0 or len(finite) < MIN_COSINES_FOR_SPREAD:
+        return -1.0
+    median = float(np.median(finite))
+    return min(0.0, median - spreads * MAD_TO_STD * float(np.median(np.abs(finite - median))))
 
 
 def flat_update(arrays: Mapping[str, np.ndarray], reference: Mapping[str, np.ndarray]) -> np.ndarray:

@@ -159,6 +159,39 @@ def test_a_quarantined_node_stays_out_when_its_update_looks_honest_again_and_a_r
     assert round_of(strategy("aggregation.min_cosine=0", "aggregation.direction_strikes=3"), 1, honest) == 0
 
 
+
+def test_with_a_strike_spread_a_round_far_below_the_median_counts_against_a_node_though_not_dropped():
+    """Under strong label skew a flipped update can stay within the k spreads the check drops at;
+    with `strike_spread` s such a round still counts toward the quarantine, and one at or above 0
+    never does."""
+    cosines = [0.10, 0.12, 0.08, 0.11, 0.09, 0.10, -0.02, float("nan")]  # median 0.10, spread 0.0148
+    robust = Robustness(direction_spread=10.0, strike_spread=2.0)
+    assert robust.strikes(cosines, away=[]) == [False] * 6 + [True, False]  # -0.02 < min(0, 0.10 - 2 x 0.0148)
+    assert robust.strikes([c + 0.05 for c in cosines], away=[]) == [False] * 8  # 0.03 points toward the others
+    assert Robustness().strikes(cosines, away=[2]) == [False, False, True] + [False] * 5  # 0: the drops alone
+    assert robust.strikes(cosines[4:], away=[]) == [False] * 4  # 5 finite cosines needed for a spread
+
+
+def test_a_node_far_below_the_round_in_its_rounds_is_quarantined_though_never_dropped(caplog):
+    honest = noisy_updates(5)
+    flipped = [*honest[:4], -honest[4]]
+
+    def dropped(*overrides):
+        s = strategy("aggregation.direction_spread=100", *overrides)  # the spread check drops nothing
+        counts = []
+        for server_round in (1, 2, 3, 4):
+            s.current = {"w": np.zeros((10, 10), np.float32)}
+            s.reset_round_stats()
+            s.aggregate_train(server_round, [train_reply(i + 1, {"w": u.astype(np.float32)}, 1, train_loss=1.0)
+                                             for i, u in enumerate(flipped)])
+            counts.append(s.round_stats["clients_dropped"])
+        return counts
+
+    assert dropped() == [0, 0, 0, 0]
+    with caplog.at_level(logging.WARNING):
+        assert dropped("aggregation.strike_spread=2") == [0, 0, 0, 1]  # quarantined in round 3, set aside from 4
+    assert "node 5 is quarantined for the rest of the run: the direction check counted 3 of its 3 rounds" in caplog.text
+
 def test_the_medians_of_the_others_come_from_one_sort():
     rng = np.random.default_rng(1)
     for n in (3, 4, 7):
@@ -217,6 +250,9 @@ def test_the_mean_rule_is_the_sample_weighted_average():
     ("aggregation.min_cosine=-1.5", r"aggregation.min_cosine must be in \[-1, 1\) \(-1: off\), got -1.5"),
     ("aggregation.direction_spread=-1", r"aggregation.direction_spread must be >= 0 \(0: off\), got -1"),
     ("aggregation.direction_strikes=-1", r"aggregation.direction_strikes must be an integer >= 0, got -1"),
+    ("aggregation.strike_spread=-1", r"aggregation.strike_spread must be >= 0 \(0: only drops count\), got -1"),
+    ("aggregation.direction_strikes=0 aggregation.strike_spread=2",
+     r"aggregation.strike_spread = 2.0 decides which rounds count toward direction_strikes, which is off"),
     ("aggregation.groups=region", "aggregation.groups 'region' is unknown"),
     ("aggregation.group_weighting=loss", "aggregation.group_weighting 'loss' is unknown"),
     ("aggregation.weighting=loss", "aggregation.weighting 'loss' is unknown"),
@@ -224,7 +260,7 @@ def test_the_mean_rule_is_the_sample_weighted_average():
 ])
 def test_a_bad_aggregation_setting_is_one_line(override, message):
     with pytest.raises(ConfigError, match=message):
-        experiment_config([override])
+        experiment_config(override.split())
 
 
 def test_strikes_without_a_direction_check_are_refused():
@@ -461,3 +497,22 @@ def test_poisoning_outlier_shares_count_each_nodes_rounds_far_below_the_round_me
     assert poisoning.outlier_summary([{"update_cosines": None}], [0]) == {
         "outlier_share_attackers": None, "outlier_share_honest_max": None}
     assert poisoning.by_seed([{"x": 0.5}, {"x": None}], "x") == "0.50 / -"
+
+
+def test_poisoning_replays_the_memory_with_a_strike_spread_on_a_runs_recorded_cosines():
+    """How STRIKE_SPREAD is chosen on a tuning seed: the recorded drops alone give the run's own
+    quarantines; with a strike spread, rounds far below the median count as well."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import poisoning
+
+    honest = {str(n): -0.1 + 0.01 * n for n in range(2, 10)}  # median ~ -0.055, spread ~ 0.03
+    rounds = [{"round": r + 1, "update_cosine_floor": -0.6,  # node 0 far below, but above the floor
+               "update_cosines": {**honest, "0": -0.5, "1": -0.7 if r == 0 else -0.06}} for r in range(4)]
+    assert poisoning.replayed_quarantines(rounds, 0.0) == {}  # node 1 dropped once: forgiven
+    assert poisoning.replayed_quarantines(rounds, 2.0) == {0: 3}  # 3 rounds of 3 count against node 0
+    for r in rounds[:3]:
+        r["update_cosine_floor"] = -0.4  # node 0 dropped in rounds 1-3
+    assert poisoning.replayed_quarantines(rounds, 0.0) == {0: 3}

@@ -328,11 +328,12 @@ class PersonalizedStrategy(FedAvg):
                     "median update is %.3f, below %.3f (aggregation.min_cosine, direction_spread)", server_round,
                     replies[kept[j]].metadata.src_node_id, cosines[j], floor)
             outliers += [kept[j] for j in away]
-            for j, cosine in enumerate(cosines):
+            for j, (cosine, struck) in enumerate(zip(cosines, self.robust.strikes(cosines, away))):
                 node = replies[kept[j]].metadata.src_node_id
-                if math.isfinite(cosine) and self.direction_strikes.record(node, j in away):
+                if math.isfinite(cosine) and self.direction_strikes.record(node, struck):
                     log(WARNING, "round %d: node %d is quarantined for the rest of the run: the direction "
-                        "check dropped its reply in %d of %d rounds (aggregation.direction_strikes)", server_round,
+                        "check counted %d of its %d rounds against it (aggregation.direction_strikes, "
+                        "strike_spread)", server_round,
                         node, self.direction_strikes.strikes[node], self.direction_strikes.checked[node])
         self.round_stats["clients_dropped"] += len(outliers)
         return [m for i, m in enumerate(replies) if i not in set(outliers)]
