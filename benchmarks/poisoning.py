@@ -37,7 +37,7 @@ from pfedes.client_app import decode_downlink
 from pfedes.robust import MAD_TO_STD, MIN_COSINES_FOR_SPREAD, DirectionStrikes, Robustness
 
 ATTACKS = {"scale": 100.0, "flip": -1.0}  # u -> factor * u
-STRIKE_SPREAD = 3.0  # chosen on tuning seed 100 (README, "Robust aggregation")
+STRIKE_SPREAD = 3.5  # chosen on tuning seed 100 by --replay-strike-spreads (README, "Robust aggregation")
 NO_DIRECTION = ["aggregation.direction_spread=0", "aggregation.direction_strikes=0"]
 DEFENCES = {
     "none": ["aggregation.rule=mean", "aggregation.norm_threshold=0", *NO_DIRECTION],
