@@ -176,8 +176,8 @@ def replayed_quarantines(rounds: list[dict], strike_spread: float, limit: int = 
         recorded = {int(node): c for node, c in (r.get("update_cosines") or {}).items()}
         nodes = [node for node in recorded if node not in memory.quarantined]
         cosines = [recorded[node] for node in nodes]
-        floor = r.get("update_cosine_floor", -1.0)
-        away = [i for i, c in enumerate(cosines) if c < floor]
+        floor = r.get("update_cosine_floor")  # to the 4 decimals the cosines are recorded with:
+        away = [] if floor is None else [i for i, c in enumerate(cosines) if c <= round(floor, 4)]  # (ties: below)
         for node, struck in zip(nodes, robust.strikes(cosines, away)):
             if memory.record(node, struck):
                 out[node] = int(r["round"])
