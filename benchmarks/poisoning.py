@@ -37,7 +37,8 @@ from pfedes.client_app import decode_downlink
 from pfedes.robust import MAD_TO_STD, MIN_COSINES_FOR_SPREAD, DirectionStrikes, Robustness
 
 ATTACKS = {"scale": 100.0, "flip": -1.0}  # u -> factor * u
-STRIKE_SPREAD = 3.5  # chosen on tuning seed 100 by --replay-strike-spreads (README, "Robust aggregation")
+# chosen on the tuning seeds by --replay-strike-spreads and --replay-strike-shares (README, "Robust aggregation")
+STRIKE_SPREAD, STRIKE_SHARE = 3.5, 0.25
 NO_DIRECTION = ["aggregation.direction_spread=0", "aggregation.direction_strikes=0"]
 DEFENCES = {
     "none": ["aggregation.rule=mean", "aggregation.norm_threshold=0", *NO_DIRECTION],
@@ -48,8 +49,9 @@ DEFENCES = {
     "norm_check": NO_DIRECTION,  # the norm check alone: the default until 2026-12-06
     "direction": ["aggregation.min_cosine=0", *NO_DIRECTION],  # the norm check and a fixed cosine floor of 0
     "spread_each_round": ["aggregation.direction_strikes=0"],  # the default without the memory
-    # the default with rounds past STRIKE_SPREAD robust spreads also counting toward the quarantine
-    "strike_spread": [f"aggregation.strike_spread={STRIKE_SPREAD}"],
+    # the default with rounds past STRIKE_SPREAD robust spreads also counting toward the quarantine,
+    # which takes STRIKE_SHARE of a node's rounds
+    "strike_spread": [f"aggregation.strike_spread={STRIKE_SPREAD}", f"aggregation.strike_share={STRIKE_SHARE}"],
     "trimmed_mean": ["aggregation.rule=trimmed_mean", "aggregation.trim_fraction=0.2", *NO_DIRECTION],
     "median": ["aggregation.rule=median", *NO_DIRECTION],
     "multikrum": ["aggregation.rule=multikrum", "aggregation.num_malicious=2", *NO_DIRECTION],
@@ -165,13 +167,15 @@ def outlier_summary(rounds: list[dict], attackers: list[int]) -> dict:
             "outlier_share_honest_max": max(honest) if honest else None}
 
 
-def replayed_quarantines(rounds: list[dict], strike_spread: float, limit: int = 3) -> dict[int, int]:
+def replayed_quarantines(rounds: list[dict], strike_spread: float, strike_share: float = 0.25,
+                         limit: int = 3) -> dict[int, int]:
     """{node: the round in which the direction check's memory (`direction_strikes` limit) with
-    `strike_spread` would have quarantined it}, replayed on a run's recorded cosines and floors with
+    `strike_spread` and `strike_share` would have quarantined it}, replayed on a run's recorded cosines and floors with
     pfedes.robust's own rule. Exact until the first quarantine that the run itself did not make
     (from then on the run would have gone differently); a node the replay quarantines is skipped
     after, one the run quarantined has no cosines after."""
-    robust, memory, out = Robustness(direction_strikes=limit, strike_spread=strike_spread), DirectionStrikes(limit), {}
+    robust = Robustness(direction_strikes=limit, strike_spread=strike_spread, strike_share=strike_share)
+    memory, out = DirectionStrikes(limit, strike_share), {}
     for r in rounds:
         recorded = {int(node): c for node, c in (r.get("update_cosines") or {}).items()}
         nodes = [node for node in recorded if node not in memory.quarantined]
@@ -193,7 +197,9 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--out", type=Path, default=RESULTS / "poisoning")
     parser.add_argument("--replay-strike-spreads", type=float, nargs="+", default=[], metavar="S",
                         help="print, per run, the nodes the memory would quarantine with aggregation.strike_spread=S "
-                        "(replayed on its recorded cosines; how STRIKE_SPREAD was chosen on a tuning seed)")
+                        "(replayed on its recorded cosines; how STRIKE_SPREAD was chosen on the tuning seeds)")
+    parser.add_argument("--replay-strike-shares", type=float, nargs="+", default=[0.25], metavar="SHARE",
+                        help="... and each aggregation.strike_share=SHARE")
     args, overrides = parser.parse_known_args(argv)
     conditions = [(a, d) for a, d in CONDITIONS if f"{a}:{d}" in args.conditions or (a, d) == ("clean", "default")]
     overrides = [f"data.path={default_data_path()}", "num_clients=10", "data.partition=dirichlet",
@@ -208,9 +214,11 @@ def main(argv: list[str]) -> None:
                          **outlier_summary(rounds, args.attackers)})
             print(f"[poisoning] seed {seed} {attack:5s} {defence:12s} acc {rows[-1]['acc_last5']:.3f} "
                   f"dropped/round {rows[-1]['dropped_per_round']:.2f}", flush=True)
-            for spread in args.replay_strike_spreads:
-                print(f"  replayed with strike_spread={spread:g}: quarantined {{node: round}} "
-                      f"{replayed_quarantines(rounds, spread)} (attackers {args.attackers})", flush=True)
+            for share in args.replay_strike_shares:
+                for spread in args.replay_strike_spreads:
+                    print(f"  replayed with strike_spread={spread:g} strike_share={share:g}: quarantined "
+                          f"{{node: round}} {replayed_quarantines(rounds, spread, share)} (attackers {args.attackers})",
+                          flush=True)
     report(rows, conditions, args, overrides)
 
 

@@ -23,8 +23,8 @@ the server combines them before its server momentum.
   on, when the updates agree, the spread is narrow and the floor would otherwise be positive). It
   needs 5 cosines or more (fewer give no spread).
 - Memory of the direction checks (`direction_strikes` n, on by default at 3): a node whose reply the
-  direction check dropped in n rounds or more, and in a quarter or more of the rounds it was
-  checked in, is quarantined: its replies are set aside for the rest of the run (logged once, with
+  direction check dropped in n rounds or more, and in a share `strike_share` (a quarter by default)
+  or more of the rounds it was checked in, is quarantined: its replies are set aside for the rest of the run (logged once, with
   the node id; the record is in the server checkpoint, so a resumed run keeps it). With
   `strike_spread` s (off by default) a round also counts against a node when its cosine lay more
   than s robust standard deviations below the round's median, and below 0, though not dropped:
@@ -80,7 +80,6 @@ SCORE_KEY = "val_score"  # the train reply's metric behind `val_score` weighting
 MIN_REPLIES_FOR_NORM_CHECK = 3
 MIN_COSINES_FOR_SPREAD = 5
 MAD_TO_STD = 1.4826  # the MAD of normal samples times this estimates their standard deviation
-STRIKE_SHARE = 0.25  # direction_strikes: the share of a node's checked rounds that must count against it
 
 
 @dataclass(frozen=True)
@@ -93,6 +92,7 @@ class Robustness:
     direction_spread: float = 4.0
     direction_strikes: int = 3
     strike_spread: float = 0.0
+    strike_share: float = 0.25
     groups: str = "none"
     group_weighting: str = "equal"
     weighting: str = "samples"
@@ -112,6 +112,7 @@ class Robustness:
                      a.number("direction_spread", 4.0, ">= 0 (0: off)", lambda v: v >= 0),
                      a.integer("direction_strikes", 3, 0),
                      a.number("strike_spread", 0.0, ">= 0 (0: only drops count)", lambda v: v >= 0),
+                     a.number("strike_share", 0.25, "in (0, 1]", lambda v: 0 < v <= 1),
                      a.choice("groups", "none", GROUPS), a.choice("group_weighting", "equal", GROUP_WEIGHTING),
                      weighting, a.number("temperature", 0.1, "> 0", lambda v: v > 0),
                      a.number("quality_blend", 0.5, "in [0, 1]", lambda v: 0 <= v <= 1))
@@ -226,8 +227,8 @@ class DirectionStrikes:
     """What the server remembers of each node's direction checks (`direction_strikes`): the rounds
     its reply was checked in, those that counted against it, and the nodes quarantined for the run."""
 
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
+    def __init__(self, limit: int, share: float = 0.25) -> None:
+        self.limit, self.share = limit, share
         self.checked: dict[int, int] = {}
         self.strikes: dict[int, int] = {}
         self.quarantined: set[int] = set()
@@ -237,7 +238,7 @@ class DirectionStrikes:
         self.checked[node] = self.checked.get(node, 0) + 1
         self.strikes[node] = self.strikes.get(node, 0) + int(struck)
         if (self.limit and node not in self.quarantined and self.strikes[node] >= self.limit
-                and self.strikes[node] >= STRIKE_SHARE * self.checked[node]):
+                and self.strikes[node] >= self.share * self.checked[node]):
             self.quarantined.add(node)
             return True
         return False

@@ -133,6 +133,9 @@ def test_a_node_dropped_in_enough_of_its_rounds_is_quarantined_and_an_occasional
     restored.load_state_dict(strikes.state_dict())
     assert (restored.quarantined, restored.strikes, restored.checked) == ({1}, strikes.strikes, strikes.checked)
     assert not any(DirectionStrikes(limit=0).record(3, True) for _ in range(10))  # 0: no memory
+    half = DirectionStrikes(limit=3, share=0.5)
+    assert [half.record(4, struck) for struck in (True, False, True, False, False, False, True)] == [False] * 7
+    assert half.record(4, True)  # 3 of 7 is under half, 4 of 8 is half
 
 
 def test_a_quarantined_node_stays_out_when_its_update_looks_honest_again_and_a_restart_keeps_it(caplog):
@@ -250,6 +253,7 @@ def test_the_mean_rule_is_the_sample_weighted_average():
     ("aggregation.min_cosine=-1.5", r"aggregation.min_cosine must be in \[-1, 1\) \(-1: off\), got -1.5"),
     ("aggregation.direction_spread=-1", r"aggregation.direction_spread must be >= 0 \(0: off\), got -1"),
     ("aggregation.direction_strikes=-1", r"aggregation.direction_strikes must be an integer >= 0, got -1"),
+    ("aggregation.strike_share=0", r"aggregation.strike_share must be in \(0, 1\], got 0"),
     ("aggregation.strike_spread=-1", r"aggregation.strike_spread must be >= 0 \(0: only drops count\), got -1"),
     ("aggregation.direction_strikes=0 aggregation.strike_spread=2",
      r"aggregation.strike_spread = 2.0 decides which rounds count toward direction_strikes, which is off"),
@@ -513,6 +517,7 @@ def test_poisoning_replays_the_memory_with_a_strike_spread_on_a_runs_recorded_co
                "update_cosines": {**honest, "0": -0.5, "1": -0.7 if r == 0 else -0.06}} for r in range(4)]
     assert poisoning.replayed_quarantines(rounds, 0.0) == {}  # node 1 dropped once: forgiven
     assert poisoning.replayed_quarantines(rounds, 2.0) == {0: 3}  # 3 rounds of 3 count against node 0
+    assert poisoning.replayed_quarantines(rounds, 0.0, strike_share=0.5) == {}
     for r in rounds[:3]:
         r["update_cosine_floor"] = -0.4  # node 0 dropped in rounds 1-3
     assert poisoning.replayed_quarantines(rounds, 0.0) == {0: 3}

@@ -134,7 +134,7 @@ class PersonalizedStrategy(FedAvg):
         self.dp_releases: list[int] = []  # replies averaged in each private round (the accountant's input)
         self.selection = Selection.from_cfg(cfg)
         self.history = ClientHistory()
-        self.direction_strikes = DirectionStrikes(self.robust.direction_strikes)
+        self.direction_strikes = DirectionStrikes(self.robust.direction_strikes, self.robust.strike_share)
         self.selection_rng = random.Random(int(cfg.get("seed", 0)))
         self.current: dict[str, np.ndarray] = {}
         self.round_offset = 0  # rounds already done before a resumed run
