@@ -38,7 +38,7 @@ from pfedes.robust import MAD_TO_STD, MIN_COSINES_FOR_SPREAD, DirectionStrikes, 
 
 ATTACKS = {"scale": 100.0, "flip": -1.0}  # u -> factor * u
 # chosen on the tuning seeds by --replay-strike-spreads and --replay-strike-shares (README, "Robust aggregation")
-STRIKE_SPREAD, STRIKE_SHARE = 3.5, 0.25
+STRIKE_SPREAD, STRIKE_SHARE = 2.5, 0.4
 NO_DIRECTION = ["aggregation.direction_spread=0", "aggregation.direction_strikes=0"]
 DEFENCES = {
     "none": ["aggregation.rule=mean", "aggregation.norm_threshold=0", *NO_DIRECTION],
