@@ -23,13 +23,13 @@ the server combines them before its server momentum.
   on, when the updates agree, the spread is narrow and the floor would otherwise be positive). It
   needs 5 cosines or more (fewer give no spread).
 - Memory of the direction checks (`direction_strikes` n, on by default at 3): a node whose reply the
-  direction check dropped in n rounds or more, and in a share `strike_share` (a quarter by default)
-  or more of the rounds it was checked in, is quarantined: its replies are set aside for the rest of the run (logged once, with
-  the node id; the record is in the server checkpoint, so a resumed run keeps it). With
-  `strike_spread` s (off by default) a round also counts against a node when its cosine lay more
-  than s robust standard deviations below the round's median, and below 0, though not dropped:
-  under strong label skew a flipped update can stay within the k spreads of each round, yet lie
-  past s in most of its rounds, as no honest node does (README, "Robust aggregation"). A check without
+  direction check dropped in n rounds or more, and in a share `strike_share` (a quarter by
+  default) or more of the rounds it was checked in, is quarantined: its replies are set aside for
+  the rest of the run (logged once, with the node id; the record is in the server checkpoint, so a
+  resumed run keeps it). With `strike_spread` s (off by default) a round also counts against a
+  node when its cosine lay more than s robust standard deviations below the round's median, and
+  below 0, though not dropped: under strong label skew a flipped update can stay within the k
+  spreads of each round, yet lie past s in many of its rounds (README, "Robust aggregation"). A check without
   memory lets a flipper back in: once its updates are set aside the federation settles where the
   honest updates cancel, and there a flipped update no longer stands out (README, "Robust
   aggregation"). An honest node is dropped now and then, never in a quarter of its rounds.
