@@ -7,7 +7,10 @@ below the median (`strike_spread`), and with a trimmed mean, the median or Multi
 the norm check), beside the clean run with the default, paired by seed.
 
     python benchmarks/poisoning.py [--seeds 0 1 2] [--attackers 0 5] [--conditions flip:default ...]
-                                   [--out DIR] [--replay-strike-spreads S ...] [hydra overrides]
+                                   [--out DIR] [hydra overrides]
+                                   [--replay-strike-spreads S ... --replay-strike-shares H ...]
+
+(the replay options last: each takes every value that follows it)
 
 The attackers live here only: this file's ClientApp wraps pfedes's own and rewrites the train
 reply of the attacking partitions (update u = sent - received becomes 100 u, or -u). No setting in
@@ -170,8 +173,8 @@ def outlier_summary(rounds: list[dict], attackers: list[int]) -> dict:
 def replayed_quarantines(rounds: list[dict], strike_spread: float, strike_share: float = 0.25,
                          limit: int = 3) -> dict[int, int]:
     """{node: the round in which the direction check's memory (`direction_strikes` limit) with
-    `strike_spread` and `strike_share` would have quarantined it}, replayed on a run's recorded cosines and floors with
-    pfedes.robust's own rule. Exact until the first quarantine that the run itself did not make
+    `strike_spread` and `strike_share` would have quarantined it}, replayed on a run's recorded
+    cosines and floors with pfedes.robust's own rule. Exact until the first quarantine that the run itself did not make
     (from then on the run would have gone differently); a node the replay quarantines is skipped
     after, one the run quarantined has no cosines after."""
     robust = Robustness(direction_strikes=limit, strike_spread=strike_spread, strike_share=strike_share)
