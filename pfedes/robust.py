@@ -7,7 +7,10 @@ the server combines them before its server momentum.
   is the outlier).
 - Direction-anomaly rejection (`min_cosine`, off by default): a reply whose update points away
   from the round's consensus, a cosine similarity with the coordinate-wise median of the round's
-  other non-zero updates below `min_cosine`, is dropped with a warning naming the node. A
+  other non-zero updates below `min_cosine`, is dropped with a warning naming the node. Sparse
+  updates (top-k) are compared on the coordinates they sent, each against the median of the others
+  that sent it: the plain median of top-10 % updates is 0 almost everywhere, their cosines with it
+  lie at 0, and the round's floor then dropped about one honest reply a round. A
   sign-flipped update has an honest norm and passes the norm check; its cosine is about minus an
   honest one's. The median is robust to any minority of attackers and leaves the update itself
   out; it needs 3 non-zero updates or more, as the norm check. Only for replies that train the
@@ -163,13 +166,16 @@ class Robustness:
         fewer than 3 non-zero ones; the floor: min_cosine or, with direction_spread k, the round's
         median cosine minus k robust standard deviations where that is higher and below 0). A zero
         update (a client still warming up) is never dropped. The median leaves the update itself
-        out: with few replies it would otherwise lean toward each of them, a flipped one included."""
+        out: with few replies it would otherwise lean toward each of them, a flipped one included.
+        An update is compared on the coordinates it sent (its non-zero ones), each against the
+        median of the others that sent it: the same as the plain median for dense updates."""
         moved = [i for i, u in enumerate(updates) if np.any(u)]
         cosines = [math.nan] * len(updates)
         if len(moved) < MIN_REPLIES_FOR_NORM_CHECK:
             return [], cosines, -1.0
         stacked = np.stack([updates[i] for i in moved])
         for i, others in zip(moved, medians_of_the_others(stacked)):
+            others = np.where(updates[i] != 0, others, 0.0)  # on the coordinates the update sent
             scale = float(np.linalg.norm(others))
             if scale > 0:
                 cosines[i] = float(updates[i] @ others) / (float(np.linalg.norm(updates[i])) * scale)
@@ -278,18 +284,26 @@ def flat_update(arrays: Mapping[str, np.ndarray], reference: Mapping[str, np.nda
 
 
 def medians_of_the_others(stacked: np.ndarray) -> np.ndarray:
-    """Row i: the coordinate-wise median of every row of `stacked` (n x d, n >= 3) but row i, from
-    one sort: leaving out the value of rank r shifts the ranks above it down by one."""
+    """Row i: per coordinate, the median of the other rows of `stacked` (n x d, n >= 3) that sent
+    it (a non-zero value), 0 where none did; from one sort: the values a row did not send sort last,
+    and leaving out a sent value of rank r shifts the ranks above it down by one. With no zeros, the
+    plain coordinate-wise median of the others. A top-k sparse update sends a tenth of the
+    coordinates: the plain median of ten such rows is 0 almost everywhere, and so says nothing."""
     n = len(stacked)
-    order = np.sort(stacked, axis=0)
+    sent = stacked != 0
+    values = np.where(sent, stacked, np.inf)  # not sent: sorts last (replies are finite, checked before)
+    order = np.sort(values, axis=0)
     rank = np.empty_like(stacked, dtype=np.int64)
-    np.put_along_axis(rank, np.argsort(stacked, axis=0, kind="stable"), np.arange(n)[:, None], axis=0)
+    np.put_along_axis(rank, np.argsort(values, axis=0, kind="stable"), np.arange(n)[:, None], axis=0)
+    count = sent.sum(axis=0) - sent  # how many of the others sent each coordinate
 
-    def kept(q: int) -> np.ndarray:  # the value at position q of each row's n - 1 kept values
-        return np.where(rank > q, order[q], order[q + 1])
+    def kept(q: np.ndarray) -> np.ndarray:  # the value at position q of each row's kept values
+        q = np.clip(q, 0, n - 2)
+        return np.where(rank > q, np.take_along_axis(order, q, axis=0), np.take_along_axis(order, q + 1, axis=0))
 
-    m = n - 1
-    return kept(m // 2) if m % 2 else (kept(m // 2 - 1) + kept(m // 2)) / 2
+    middle = kept((count - 1) // 2)
+    median = np.where(count % 2, middle, (kept(count // 2 - 1) + kept(count // 2)) / 2)
+    return np.where(count > 0, median, 0.0)
 
 
 def weighted_average(arrays: list[dict[str, np.ndarray]], weights: list[float]) -> dict[str, np.ndarray]:

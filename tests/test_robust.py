@@ -88,12 +88,13 @@ def test_a_sign_flipped_update_passes_the_norm_check_and_is_dropped_by_its_direc
 
 def test_direction_outliers_are_the_cosines_with_the_others_median_below_the_threshold():
     updates = [np.array([1.0, 0.0]), np.array([2.0, 1.0]), np.array([1.0, 1.0]), np.array([-1.0, -1.0]),
-               np.zeros(2)]  # the medians of the other non-zero three: (1, 1), (1, 0), (1, 0), (1, 1)
+               np.zeros(2)]  # the medians of the other non-zero three that sent each coordinate:
+    # (1, 1), (1, 0), (1, 0), (1, 1); the first update is compared on the coordinate it sent: (1, 0)
     away, cosines, floor = Robustness(min_cosine=0.0).direction_outliers(updates)
     assert away == [3] and floor == 0.0
-    np.testing.assert_allclose(cosines[:4], [1 / np.sqrt(2), 2 / np.sqrt(5), 1 / np.sqrt(2), -1.0])
+    np.testing.assert_allclose(cosines[:4], [1.0, 2 / np.sqrt(5), 1 / np.sqrt(2), -1.0])
     assert np.isnan(cosines[4])  # a client still warming up is never dropped
-    assert Robustness(min_cosine=0.8).direction_outliers(updates)[0] == [0, 2, 3]
+    assert Robustness(min_cosine=0.8).direction_outliers(updates)[0] == [2, 3]
     assert Robustness(min_cosine=-1.0).direction_outliers(updates)[0] == []
     assert Robustness().direction_outliers(updates[:2] + [np.zeros(2)])[0] == []  # fewer than 3 moved
 
@@ -202,6 +203,41 @@ def test_the_medians_of_the_others_come_from_one_sort():
         stacked[:, 0] = 1.0  # ties
         expected = [np.median(np.delete(stacked, i, axis=0), axis=0) for i in range(n)]
         np.testing.assert_allclose(medians_of_the_others(stacked), expected)
+
+
+def test_the_medians_of_the_others_count_only_the_rows_that_sent_a_coordinate():
+    rng = np.random.default_rng(2)
+    for n in (3, 4, 7, 10):
+        stacked = rng.normal(size=(n, 40))
+        stacked[:, 0] = 1.0  # ties
+        stacked[rng.random(stacked.shape) < 0.6] = 0.0  # not sent
+        stacked[:, 1] = 0.0  # sent by nobody
+        stacked[1:, 2] = 0.0  # by one row only: nobody else sent it
+        expected = [[np.median(col[col != 0]) if np.any(col) else 0.0 for col in np.delete(stacked, i, axis=0).T]
+                    for i in range(n)]
+        np.testing.assert_allclose(medians_of_the_others(stacked), expected)
+
+
+def top_share(update: np.ndarray, share: float) -> np.ndarray:
+    """The update with all but its largest `share` of entries (by magnitude) set to 0, as top-k sends it."""
+    return np.where(np.abs(update) >= np.quantile(np.abs(update), 1 - share), update, 0.0)
+
+
+def test_top_k_sparse_updates_are_compared_on_what_they_sent():
+    """Top-10 % updates near the plateau, where honest ones are near-orthogonal: against the plain
+    median of the others (0 almost everywhere) their cosines lie at 0, and the round's floor
+    (capped at 0) dropped 8 of these 100 honest replies; compared on the coordinates each sent, with
+    the median of the others that sent them, none is dropped. Where the clients agree, two
+    sign-flipped ones stand out (against the plain median, all ten cosines lay within 0.03 of 0)."""
+    rng = np.random.default_rng(3)
+    honest_drops = sum(len(Robustness().direction_outliers([top_share(u, 0.1) for u in rng.normal(size=(10, 20000))])[0])
+                       for _ in range(10))
+    assert honest_drops == 0
+    noise, shared = rng.normal(size=(10, 20000)), rng.normal(size=20000)
+    flipped = [top_share(noise[i] + 0.3 * shared, 0.1) for i in range(8)] + [
+        top_share(-(noise[i] + 0.3 * shared), 0.1) for i in (8, 9)]
+    away, cosines, _ = Robustness().direction_outliers(flipped)
+    assert away == [8, 9] and min(cosines[:8]) > 0.1 and max(cosines[8:]) < -0.1
 
 
 def test_clusters_whose_updates_oppose_each_other_are_not_a_direction_anomaly():
