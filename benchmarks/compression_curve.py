@@ -39,6 +39,9 @@ OPTIONS = {  # name -> compression overrides (top-k sends the change, with error
     "int8+top50": ["compression.quantize=int8", "compression.topk=0.5"],
     "int8+top25": ["compression.quantize=int8", "compression.topk=0.25"],
     "int8+top10": ["compression.quantize=int8", "compression.topk=0.1"],
+    # what the direction check costs under top-k: the same with it off (a diagnostic, not a setting to use)
+    "int8+top10_nocheck": ["compression.quantize=int8", "compression.topk=0.1", "aggregation.direction_spread=0",
+                           "aggregation.direction_strikes=0"],
 }
 
 
